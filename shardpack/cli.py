@@ -1,0 +1,205 @@
+"""The ``shardpack`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from . import __version__
+from . import format as fmt
+from .errors import ShardpackError
+
+
+class _Group(click.Group):
+    """Turns every ShardpackError into one line on stderr and exit status 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ShardpackError as exc:
+            click.echo(f"shardpack: error: {exc}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("shardpack: interrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="shardpack")
+def main():
+    """Pack small files into large indexed shards and stream them into PyTorch training.
+
+    \b
+    Typical use:
+      shardpack pack ~/data/train /fast/train-shards     # files -> shards + manifest
+      shardpack info /fast/train-shards                  # what is in it
+      shardpack verify /fast/train-shards                # re-hash and check every record
+    """
+
+
+@main.command()
+@click.argument("src", type=click.Path(path_type=str))
+@click.argument("out", type=str)
+@click.option("--format", "shard_format", type=click.Choice(fmt.SHARD_FORMATS), default="tar",
+              show_default=True, help="tar: plain POSIX tar that WebDataset and `tar` read; "
+              "msgpack: shardpack's own records, cheaper to parse, CRC32C per record.")
+@click.option("--shard-size", default="256MB", show_default=True,
+              help="Target shard size (B, KB, MB, GB, KiB, MiB, GiB). A sample larger than this "
+                   "goes alone into its own shard.")
+@click.option("--max-samples", type=click.IntRange(min=1), default=None,
+              help="Also end a shard after this many samples.")
+@click.option("--compression", type=click.Choice(fmt.COMPRESSIONS), default="none",
+              show_default=True, help="Per-record zstd (msgpack shards only).")
+@click.option("--zstd-level", type=click.IntRange(1, 22), default=3, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes writing shards in parallel [default: all cores].")
+@click.option("--resize", type=click.IntRange(min=1), default=None, metavar="SHORT_SIDE",
+              help="Shrink JPEG/PNG/WebP images so the shorter side is SHORT_SIDE (never "
+                   "upscales), once, at pack time.")
+@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
+              help="JPEG/WebP quality when --resize re-encodes.")
+@click.option("--layout", type=click.Choice(["auto", "imagefolder", "files"]), default="auto",
+              show_default=True, help="imagefolder: class subfolders add an integer field `cls`; "
+              "auto picks it when every top-level entry is a folder.")
+@click.option("--skip-bad", is_flag=True,
+              help="Skip and count bad entries (special files, broken or outside links, "
+                   "unreadable or changing files, corrupt images with --resize) instead of "
+                   "stopping at the first.")
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted pack into OUT: keeps complete shards, redoes the rest.")
+@click.option("--overwrite", is_flag=True, help="Replace the dataset already in OUT.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def pack(src, out, shard_format, shard_size, max_samples, compression, zstd_level, workers,
+         resize, quality, layout, skip_bad, resume, overwrite, quiet):
+    """Pack the files under SRC into shards at OUT.
+
+    SRC is a folder (an ImageFolder tree or any tree of files grouped by name:
+    `a/0001.jpg` + `a/0001.json` = one sample with key `a/0001`) or a .csv/.jsonl
+    listing with a `path` column. OUT must be empty unless --resume or --overwrite.
+    """
+    from .pack import pack as run_pack
+
+    summary = run_pack(src, out, format=shard_format, shard_size=shard_size,
+                       max_samples=max_samples, compression=compression, zstd_level=zstd_level,
+                       resize=resize, quality=quality, skip_bad=skip_bad, layout=layout,
+                       workers=workers, resume=resume, overwrite=overwrite,
+                       progress=not quiet and sys.stderr.isatty())
+    for line in summary.first_skips[:10]:
+        click.echo(f"skipped: {line}", err=True)
+    click.echo(summary.line())
+
+
+@main.command()
+@click.argument("dataset")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def info(dataset, as_json):
+    """Samples, shards, bytes, fields, classes, format and compression of DATASET."""
+    from .reader import DatasetReader
+
+    m = DatasetReader(dataset).manifest
+    summary = {k: v for k, v in m.items() if k != "shards"}
+    summary["dataset"] = dataset
+    if as_json:
+        click.echo(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False))
+        return
+    classes = m.get("classes")
+    rows = [
+        ("dataset", f"{dataset} (shardpack format v{m['version']})"),
+        ("format", f"{m['shard_format']}, compression {m['compression']}"),
+        ("samples", f"{m['num_samples']:,} in {m['num_shards']} shards"),
+        ("bytes", f"{m['num_bytes']:,} ({m['num_bytes'] / 1e6:,.1f} MB)"),
+        ("fields", ", ".join(m["fields"])),
+        ("classes", f"{len(classes)}: " + ", ".join(classes[:20]) +
+         (", ..." if len(classes) > 20 else "") if classes else "none"),
+    ]
+    if m.get("skipped"):
+        rows.append(("skipped", ", ".join(f"{v} {k}" for k, v in m["skipped"].items())))
+    for name, value in rows:
+        click.echo(f"{name:<9} {value}")
+
+
+@main.command()
+@click.argument("dataset")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def verify(dataset, quiet):
+    """Re-hash every shard and index and check every record of DATASET.
+
+    Exits 0 when all is well, 1 after listing each bad shard or sample."""
+    from .verify import verify as run_verify
+
+    report = run_verify(dataset, progress=not quiet and sys.stderr.isatty())
+    for problem in report.problems:
+        click.echo(f"BAD {problem}")
+    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
+    click.echo(f"{status}: {report.shards} shards, {report.samples:,} samples, "
+               f"{report.bytes / 1e6:,.1f} MB checked")
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command(name="ls")
+@click.argument("dataset")
+@click.option("--long", "-l", "long_", is_flag=True, help="Also shard, fields and sizes.")
+def ls_(dataset, long_):
+    """List the keys of DATASET in stored order."""
+    from .reader import DatasetReader
+
+    reader = DatasetReader(dataset)
+    out = click.get_text_stream("stdout")
+    for shard, entry in enumerate(reader.shards):
+        index = reader.index(shard)
+        for row in range(index.num_samples):
+            key = index.key(row)
+            if long_:
+                fields = " ".join(f"{n}:{s}" for n, _, s in index.sample_fields(row))
+                out.write(f"{key}\t{entry['name']}\t{fields}\n")
+            else:
+                out.write(key + "\n")
+
+
+@main.command()
+@click.argument("dataset")
+@click.argument("key")
+@click.option("--field", "-f", default=None, help="Field to print (required when the sample "
+              "has more than one).")
+def cat(dataset, key, field):
+    """Write the bytes of one field of sample KEY to stdout."""
+    from .reader import DatasetReader
+
+    reader = DatasetReader(dataset)
+    for shard in range(len(reader.shards)):
+        index = reader.index(shard)
+        for row in range(index.num_samples):
+            if index.key(row) != key:
+                continue
+            sample = reader.read_sample(int(reader.offsets[shard]) + row)
+            names = [n for n in sample if n != "__key__"]
+            if field is None and len(names) != 1:
+                raise ShardpackError(f"sample {key!r} has fields {names}: choose one with --field")
+            name = field or names[0]
+            if name not in sample:
+                raise ShardpackError(f"sample {key!r} has no field {name!r} (it has {names})")
+            sys.stdout.buffer.write(sample[name])
+            sys.stdout.buffer.flush()
+            return
+    raise ShardpackError(f"no sample with key {key!r}", path=dataset,
+                         hint="'shardpack ls' lists the keys")
+
+
+@main.command()
+@click.argument("dataset")
+@click.argument("out", type=click.Path(path_type=str))
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def unpack(dataset, out, quiet):
+    """Write DATASET back to files, OUT/<key>.<field>. OUT must not exist or be empty.
+
+    Never writes outside OUT: absolute names, '..', links and devices are refused."""
+    from .unpack import unpack as run_unpack
+
+    count = run_unpack(dataset, out, progress=not quiet and sys.stderr.isatty())
+    click.echo(f"unpacked {count:,} files into {out}")
+
+
+if __name__ == "__main__":
+    main()

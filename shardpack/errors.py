@@ -1,0 +1,83 @@
+"""One exception hierarchy for shardpack.
+
+Every error subclasses both :class:`ShardpackError` and the builtin that fits, so callers can catch
+either (``except ValueError`` keeps working).  Errors carry the path (file, shard or dataset) and,
+where one exists, the byte offset or sample key, and format as a single line that says what is
+wrong and, where there is one, what to do.
+"""
+
+from __future__ import annotations
+
+
+class ShardpackError(Exception):
+    """Base class of every shardpack error."""
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None,
+                 key: str | None = None, hint: str | None = None):
+        self.message = message
+        self.path = path
+        self.offset = offset
+        self.key = key
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __reduce__(self):  # keep the fields when an error crosses a process boundary
+        return (_rebuild, (type(self), self.message, self.path, self.offset, self.key, self.hint))
+
+    def __str__(self) -> str:  # one line, always
+        parts = []
+        if self.path is not None:
+            parts.append(str(self.path))
+        if self.key is not None:
+            parts.append(f"sample {self.key!r}")
+        if self.offset is not None:
+            parts.append(f"offset {self.offset}")
+        where = ", ".join(parts) + ": " if parts else ""
+        text = f"{where}{self.message}"
+        if self.hint:
+            text += f" ({self.hint})"
+        return " ".join(text.split("\n"))
+
+
+def _rebuild(cls, message, path, offset, key, hint):
+    return cls(message, path=path, offset=offset, key=key, hint=hint)
+
+
+class FormatError(ShardpackError, ValueError):
+    """Bytes on disk do not follow the format: bad magic, bad CRC, truncation, bad index."""
+
+
+class VersionError(FormatError):
+    """A format version or codec this release does not know."""
+
+
+class IntegrityError(FormatError):
+    """A content hash or checksum does not match what the manifest or index records."""
+
+
+class SourceError(ShardpackError, ValueError):
+    """An input file or listing cannot be packed as it is (special file, link outside, bad row)."""
+
+
+class PackError(ShardpackError, RuntimeError):
+    """Packing failed for a reason outside the input (disk full, resume mismatch, worker died)."""
+
+
+class DatasetNotFoundError(ShardpackError, FileNotFoundError):
+    """A dataset, shard or sample that should exist does not."""
+
+
+class UnsafePathError(ShardpackError, ValueError):
+    """A name that would write outside the output folder (absolute, '..', link, device)."""
+
+
+__all__ = [
+    "DatasetNotFoundError",
+    "FormatError",
+    "IntegrityError",
+    "PackError",
+    "ShardpackError",
+    "SourceError",
+    "UnsafePathError",
+    "VersionError",
+]

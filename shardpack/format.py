@@ -1,0 +1,486 @@
+"""The on-disk format as code: byte layouts, encoders and decoders, and nothing that does I/O.
+
+Everything here takes and returns bytes.  ``docs/format.md`` mirrors these layouts as byte tables;
+change both together and bump :data:`FORMAT_VERSION` when a reader of the old version would
+misread the new bytes.  All integers are little-endian.
+
+A dataset is a folder (or URL prefix) holding
+
+* ``shard-NNNNN.tar`` or ``shard-NNNNN.spk`` - the samples, one shard file per plan task;
+* ``shard-NNNNN.idx`` - that shard's binary index (offsets, sizes, hashes and keys of its samples);
+* ``shardpack.json`` - the manifest, written last: it is the commit point of a pack.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import crc32c as _crc32c
+import msgpack
+import numpy as np
+import xxhash
+
+from .errors import FormatError, IntegrityError, VersionError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "shardpack.json"
+MANIFEST_FORMAT = "shardpack"
+HASH_NAME = "xxh3-128"
+SHARD_FORMATS = ("tar", "msgpack")
+COMPRESSIONS = ("none", "zstd")
+SHARD_SUFFIX = {"tar": ".tar", "msgpack": ".spk"}
+INDEX_SUFFIX = ".idx"
+KEY_FIELD = "__key__"
+MISSING = np.uint64(0xFFFF_FFFF_FFFF_FFFF)  # field offset of a field a sample lacks
+
+
+def shard_name(number: int, shard_format: str) -> str:
+    return f"shard-{number:05d}{SHARD_SUFFIX[shard_format]}"
+
+
+def index_name(number: int) -> str:
+    return f"shard-{number:05d}{INDEX_SUFFIX}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checksums
+# ---------------------------------------------------------------------------------------------
+
+def content_hash(data) -> str:
+    """The manifest's shard and index hash: xxh3-128, hex."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def new_content_hasher():
+    return xxhash.xxh3_128()
+
+
+def sample_hash(data) -> int:
+    """The index's per-sample hash over the sample's stored bytes: xxh3-64."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def crc32c(data) -> int:
+    return _crc32c.crc32c(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys and field names
+# ---------------------------------------------------------------------------------------------
+
+def split_name(basename: str) -> tuple[str, str]:
+    """``"0001.seg.png"`` -> ``("0001", "seg.png")``: the WebDataset rule, key up to the first dot."""
+    stem, dot, field = basename.partition(".")
+    return stem, field
+
+
+def check_field_name(field: str) -> str | None:
+    """Return why ``field`` cannot be a field name, or None when it can."""
+    if not field:
+        return "has no extension, so it has no field name"
+    if field == KEY_FIELD or field.startswith("__"):
+        return f"field name {field!r} is reserved (names starting with '__')"
+    if "/" in field or "\x00" in field:
+        return f"field name {field!r} contains '/' or NUL"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Tar (POSIX ustar, with pax extended headers for long or non-ASCII names and huge sizes)
+# ---------------------------------------------------------------------------------------------
+
+TAR_BLOCK = 512
+TAR_END = bytes(2 * TAR_BLOCK)
+TAR_MODE = 0o644
+TAR_MTIME = 0
+_USTAR = struct.Struct("<100s8s8s8s12s12s8sc100s6s2s32s32s8s8s155s12x")
+_OCTAL_SIZE_LIMIT = 8 ** 11
+PAX_NAME = "././@PaxHeader"
+
+
+def tar_padding(size: int) -> int:
+    return -size % TAR_BLOCK
+
+
+def _ustar_block(name: bytes, size: int, typeflag: bytes) -> bytes:
+    fields = [
+        name[:100],
+        b"%07o\0" % TAR_MODE,
+        b"%07o\0" % 0,
+        b"%07o\0" % 0,
+        b"%011o\0" % size,
+        b"%011o\0" % TAR_MTIME,
+        b" " * 8,
+        typeflag,
+        b"",
+        b"ustar\0",
+        b"00",
+        b"",
+        b"",
+        b"%07o\0" % 0,
+        b"%07o\0" % 0,
+        b"",
+    ]
+    block = bytearray(_USTAR.pack(*fields))
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def _pax_record(keyword: str, value: str) -> bytes:
+    body = f" {keyword}={value}\n".encode("utf-8")
+    n = len(body) + 1
+    while len(str(n).encode()) + len(body) != n:
+        n = len(str(n).encode()) + len(body)
+    return str(n).encode() + body
+
+
+def tar_header(name: str, size: int) -> bytes:
+    """The header block(s) of one regular-file member.  Deterministic: mode 0644, uid/gid 0,
+    mtime 0, no user or group names.  Names that do not fit ustar go in a pax header."""
+    raw = name.encode("utf-8", "surrogateescape")
+    ascii_ok = raw.isascii() and "\n" not in name
+    if ascii_ok and len(raw) <= 100 and size < _OCTAL_SIZE_LIMIT:
+        return _ustar_block(raw, size, b"0")
+    records = b""
+    if not (ascii_ok and len(raw) <= 100):
+        records += _pax_record("path", name)
+    if size >= _OCTAL_SIZE_LIMIT:
+        records += _pax_record("size", str(size))
+    pax = _ustar_block(PAX_NAME.encode(), len(records), b"x")
+    pax += records + bytes(tar_padding(len(records)))
+    short = raw.decode("ascii", "replace").encode("ascii", "replace")[:100]
+    return pax + _ustar_block(short, min(size, _OCTAL_SIZE_LIMIT - 1), b"0")
+
+
+@dataclass(frozen=True)
+class TarMember:
+    name: str
+    size: int
+    data_offset: int  # offset of the data, relative to the buffer given to parse_tar_member
+    end: int          # offset just past the data's padding
+
+
+def _octal(field: bytes, what: str, offset: int) -> int:
+    text = field.rstrip(b"\0 ").lstrip(b" ")
+    try:
+        return int(text or b"0", 8)
+    except ValueError:
+        raise FormatError(f"tar header field {what} is not octal: {field!r}", offset=offset) from None
+
+
+def parse_tar_member(buf, offset: int = 0) -> TarMember:
+    """Parse the header(s) of the member starting at ``offset`` of ``buf`` (a bytes-like holding at
+    least the whole header).  Only regular files are accepted: links, devices, FIFOs and
+    directories raise :class:`FormatError`, so nothing downstream ever follows or creates them."""
+    name = None
+    size_override = None
+    pos = offset
+    while True:
+        block = bytes(buf[pos:pos + TAR_BLOCK])
+        if len(block) < TAR_BLOCK:
+            raise FormatError("truncated tar header", offset=pos)
+        if block == bytes(TAR_BLOCK):
+            raise FormatError("unexpected end-of-archive block", offset=pos)
+        stored = _octal(block[148:156], "chksum", pos)
+        actual = sum(block[:148]) + 8 * 32 + sum(block[156:])
+        if stored != actual:
+            raise FormatError(f"tar header checksum {stored} != computed {actual}", offset=pos)
+        typeflag = block[156:157]
+        size = _octal(block[124:136], "size", pos)
+        if typeflag == b"x":
+            data = bytes(buf[pos + TAR_BLOCK:pos + TAR_BLOCK + size])
+            if len(data) < size:
+                raise FormatError("truncated pax header", offset=pos)
+            name, size_override = _parse_pax(data, pos, name, size_override)
+            pos += TAR_BLOCK + size + tar_padding(size)
+            continue
+        if typeflag not in (b"0", b"\0"):
+            kind = {b"1": "hard link", b"2": "symlink", b"3": "character device",
+                    b"4": "block device", b"5": "directory", b"6": "FIFO"}.get(typeflag, "special")
+            raise FormatError(f"tar member is a {kind} (type {typeflag!r}); only regular files "
+                              "are allowed", offset=pos)
+        if name is None:
+            raw = block[:100].split(b"\0", 1)[0]
+            prefix = block[345:500].split(b"\0", 1)[0]
+            if prefix and block[257:263] == b"ustar\0":
+                raw = prefix + b"/" + raw
+            name = raw.decode("utf-8", "surrogateescape")
+        if size_override is not None:
+            size = size_override
+        data_offset = pos + TAR_BLOCK
+        return TarMember(name, size, data_offset - offset,
+                         data_offset + size + tar_padding(size) - offset)
+
+
+def _parse_pax(data: bytes, pos: int, name, size):
+    i = 0
+    while i < len(data):
+        sp = data.find(b" ", i)
+        if sp < 0:
+            raise FormatError("bad pax record", offset=pos)
+        try:
+            n = int(data[i:sp])
+        except ValueError:
+            raise FormatError("bad pax record length", offset=pos) from None
+        if n <= 0 or i + n > len(data):
+            raise FormatError("bad pax record length", offset=pos)
+        keyword, _, value = data[sp + 1:i + n - 1].partition(b"=")
+        if keyword == b"path":
+            name = value.decode("utf-8", "surrogateescape")
+        elif keyword == b"size":
+            size = int(value)
+        i += n
+    return name, size
+
+
+# ---------------------------------------------------------------------------------------------
+# msgpack shards: file header, then records of [record header | payload]
+# ---------------------------------------------------------------------------------------------
+
+MSGPACK_MAGIC = b"SPKMSGPK"
+MSGPACK_HEADER = struct.Struct("<8sII")      # magic, version, reserved
+RECORD_HEADER = struct.Struct("<QQII")       # stored_len, raw_len, crc32c(stored), flags
+FLAG_ZSTD = 1
+
+
+def msgpack_file_header() -> bytes:
+    return MSGPACK_HEADER.pack(MSGPACK_MAGIC, FORMAT_VERSION, 0)
+
+
+def check_msgpack_file_header(data: bytes, path: str | None = None) -> None:
+    if len(data) < MSGPACK_HEADER.size:
+        raise FormatError("truncated shard header", path=path, offset=0)
+    magic, version, _ = MSGPACK_HEADER.unpack_from(data)
+    if magic != MSGPACK_MAGIC:
+        raise FormatError(f"not a shardpack msgpack shard (magic {magic!r}, expected "
+                          f"{MSGPACK_MAGIC!r})", path=path, offset=0)
+    if version != FORMAT_VERSION:
+        raise VersionError(f"unsupported shard version: expected {FORMAT_VERSION}, found {version}",
+                           path=path, offset=0)
+
+
+def encode_payload(key: str, fields: Sequence[tuple[str, bytes]]) -> tuple[bytes, list[int]]:
+    """A msgpack map ``{"__key__": key, field: bin, ...}`` (fields in the given order) and the
+    offset of each field's bytes inside it, so readers can slice fields without unpacking."""
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_map_header(len(fields) + 1), packer.pack(KEY_FIELD),
+             packer.pack(key)]
+    size = sum(len(p) for p in parts)
+    offsets = []
+    for name, value in fields:
+        head = packer.pack(name)
+        body = packer.pack(bytes(value) if not isinstance(value, bytes) else value)
+        parts += (head, body)
+        size += len(head) + len(body)
+        offsets.append(size - len(value))
+    return b"".join(parts), offsets
+
+
+def record_header(stored: bytes, raw_len: int, zstd: bool) -> bytes:
+    return RECORD_HEADER.pack(len(stored), raw_len, crc32c(stored), FLAG_ZSTD if zstd else 0)
+
+
+def decode_payload(raw: bytes, max_fields: int) -> dict:
+    """Unpack a record payload with every size bounded by the payload itself; no ext types."""
+    try:
+        obj = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=True,
+                              max_bin_len=len(raw), max_str_len=len(raw), max_array_len=0,
+                              max_map_len=max_fields + 1, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise FormatError(f"bad msgpack payload: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get(KEY_FIELD), str):
+        raise FormatError("msgpack payload is not a map with a '__key__' string")
+    for name, value in obj.items():
+        if name != KEY_FIELD and not isinstance(value, bytes):
+            raise FormatError(f"field {name!r} is {type(value).__name__}, expected bytes")
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-shard binary index
+# ---------------------------------------------------------------------------------------------
+
+INDEX_MAGIC = b"SPKINDEX"
+INDEX_HEADER = struct.Struct("<8sIBBHQIIQ16sQQ")  # 72 bytes, see docs/format.md
+INDEX_TRAILER = struct.Struct("<Q")
+_FORMAT_CODE = {"tar": 0, "msgpack": 1}
+_COMPRESSION_CODE = {"none": 0, "zstd": 1}
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """One shard's index.  Arrays are read-only numpy views of the index bytes."""
+
+    shard_format: str
+    compression: str
+    shard_bytes: int
+    shard_hash: bytes        # 16-byte xxh3-128 digest of the shard file
+    plan_digest: int         # fingerprint of the plan task that made the shard (used by --resume)
+    skipped: int             # samples of the plan task the writer skipped (--skip-bad)
+    fields: tuple[str, ...]
+    starts: np.ndarray       # uint64[n+1]: sample i is bytes [starts[i], starts[i+1]) of the shard
+    raw_sizes: np.ndarray    # uint64[n]: payload size after decompression (tar: record size)
+    sample_hashes: np.ndarray  # uint64[n]: xxh3-64 of the sample's stored bytes
+    field_offsets: np.ndarray  # uint64[n, F]: offset of a field in the payload, MISSING if absent
+    field_sizes: np.ndarray    # uint64[n, F]
+    key_offsets: np.ndarray    # uint64[n+1] into key_blob
+    key_blob: bytes
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.raw_sizes)
+
+    def key(self, i: int) -> str:
+        a, b = int(self.key_offsets[i]), int(self.key_offsets[i + 1])
+        return self.key_blob[a:b].decode("utf-8", "surrogateescape")
+
+    def keys(self) -> list[str]:
+        return [self.key(i) for i in range(self.num_samples)]
+
+    def span(self, i: int) -> tuple[int, int]:
+        return int(self.starts[i]), int(self.starts[i + 1])
+
+    def sample_fields(self, i: int) -> list[tuple[str, int, int]]:
+        """``[(field, offset, size)]`` of the fields sample ``i`` has, offsets into its payload."""
+        out = []
+        for f, name in enumerate(self.fields):
+            off = self.field_offsets[i, f]
+            if off != MISSING:
+                out.append((name, int(off), int(self.field_sizes[i, f])))
+        return out
+
+
+def encode_index(*, shard_format: str, compression: str, shard_bytes: int, shard_hash: bytes,
+                 plan_digest: int, skipped: int, fields: Sequence[str], starts: Sequence[int],
+                 raw_sizes: Sequence[int], sample_hashes: Sequence[int],
+                 field_offsets: np.ndarray, field_sizes: np.ndarray,
+                 keys: Iterable[str]) -> bytes:
+    n = len(raw_sizes)
+    names = b"".join(struct.pack("<H", len(f.encode())) + f.encode() for f in fields)
+    names += bytes(-len(names) % 8)
+    key_bytes = [k.encode("utf-8", "surrogateescape") for k in keys]
+    key_offsets = np.zeros(n + 1, dtype="<u8")
+    np.cumsum([len(k) for k in key_bytes], out=key_offsets[1:])
+    header = INDEX_HEADER.pack(INDEX_MAGIC, FORMAT_VERSION, _FORMAT_CODE[shard_format],
+                               _COMPRESSION_CODE[compression], 0, n, len(fields), len(names),
+                               shard_bytes, shard_hash, plan_digest, skipped)
+    arrays = [np.asarray(starts, dtype="<u8"), np.asarray(raw_sizes, dtype="<u8"),
+              np.asarray(sample_hashes, dtype="<u8"),
+              np.asarray(field_offsets, dtype="<u8").reshape(-1),
+              np.asarray(field_sizes, dtype="<u8").reshape(-1), key_offsets]
+    body = header + names + b"".join(a.tobytes() for a in arrays) + b"".join(key_bytes)
+    return body + INDEX_TRAILER.pack(xxhash.xxh3_64_intdigest(body))
+
+
+def decode_index(buf, path: str | None = None) -> ShardIndex:
+    """Parse and validate an index.  ``buf`` may be bytes or a memory map."""
+    size = len(buf)
+    if size < INDEX_HEADER.size + INDEX_TRAILER.size:
+        raise FormatError(f"index is {size} bytes, too short", path=path)
+    (magic, version, fmt, comp, _, n, nfields, names_len, shard_bytes, shard_hash,
+     plan_digest, skipped) = INDEX_HEADER.unpack_from(buf)
+    if magic != INDEX_MAGIC:
+        raise FormatError(f"not a shardpack index (magic {magic!r})", path=path, offset=0)
+    if version != FORMAT_VERSION:
+        raise VersionError(f"unsupported index version: expected {FORMAT_VERSION}, found {version}",
+                           path=path)
+    formats = {v: k for k, v in _FORMAT_CODE.items()}
+    comps = {v: k for k, v in _COMPRESSION_CODE.items()}
+    if fmt not in formats or comp not in comps:
+        raise VersionError(f"unknown shard format code {fmt} or compression code {comp}: "
+                           f"expected one of {sorted(formats)} and {sorted(comps)}", path=path)
+    (stored,) = INDEX_TRAILER.unpack_from(buf, size - INDEX_TRAILER.size)
+    if xxhash.xxh3_64_intdigest(memoryview(buf)[:size - INDEX_TRAILER.size]) != stored:
+        raise IntegrityError("index checksum mismatch (corrupt or truncated index)", path=path)
+    pos = INDEX_HEADER.size
+    fields = []
+    end = pos + names_len
+    for _ in range(nfields):
+        (ln,) = struct.unpack_from("<H", buf, pos)
+        fields.append(bytes(buf[pos + 2:pos + 2 + ln]).decode("utf-8"))
+        pos += 2 + ln
+    pos = end
+    counts = [n + 1, n, n, n * nfields, n * nfields, n + 1]
+    arrays = []
+    for count in counts:
+        if pos + 8 * count > size:
+            raise FormatError("index arrays run past the end of the index", path=path)
+        arrays.append(np.frombuffer(buf, dtype="<u8", count=count, offset=pos))
+        pos += 8 * count
+    starts, raw_sizes, hashes, foff, fsize, koff = arrays
+    key_len = int(koff[-1])
+    if pos + key_len + INDEX_TRAILER.size != size:
+        raise FormatError("index size does not match its header", path=path)
+    if n and (np.any(starts[1:] < starts[:-1]) or int(starts[-1]) > shard_bytes
+              or np.any(koff[1:] < koff[:-1])):
+        raise FormatError("index offsets are not increasing or run past the shard", path=path)
+    foff = foff.reshape(n, nfields)
+    fsize = fsize.reshape(n, nfields)
+    present = foff != MISSING
+    if np.any(present & ((foff + fsize) > raw_sizes[:, None])):
+        raise FormatError("index field extends past its sample", path=path)
+    return ShardIndex(formats[fmt], comps[comp], int(shard_bytes), bytes(shard_hash),
+                      int(plan_digest), int(skipped), tuple(fields), starts, raw_sizes, hashes, foff, fsize,
+                      koff, bytes(buf[pos:pos + key_len]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest (JSON, the commit point)
+# ---------------------------------------------------------------------------------------------
+
+_SHARD_KEYS = ("name", "index", "samples", "bytes", "hash", "index_bytes", "index_hash")
+
+
+def encode_manifest(manifest: dict) -> bytes:
+    """Deterministic JSON: sorted keys, no timestamps, so two packs of one tree are identical."""
+    return (json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode()
+
+
+def decode_manifest(data: bytes, path: str | None = None) -> dict:
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"manifest is not valid JSON: {exc}", path=path) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise FormatError(f"not a shardpack manifest (no \"format\": \"{MANIFEST_FORMAT}\")",
+                          path=path)
+    version = manifest.get("version")
+    if version != FORMAT_VERSION:
+        raise VersionError(f"unsupported manifest version: expected {FORMAT_VERSION}, found "
+                           f"{version!r}", path=path, hint="upgrade shardpack to read it")
+    if manifest.get("shard_format") not in SHARD_FORMATS:
+        raise VersionError(f"unknown shard format: expected one of {SHARD_FORMATS}, found "
+                           f"{manifest.get('shard_format')!r}", path=path)
+    if manifest.get("compression") not in COMPRESSIONS:
+        raise VersionError(f"unknown compression: expected one of {COMPRESSIONS}, found "
+                           f"{manifest.get('compression')!r}", path=path)
+    if manifest.get("hash") != HASH_NAME:
+        raise VersionError(f"unknown hash: expected {HASH_NAME!r}, found "
+                           f"{manifest.get('hash')!r}", path=path)
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or any(
+            not isinstance(s, dict) or any(k not in s for k in _SHARD_KEYS) for s in shards):
+        raise FormatError(f"manifest shards must be a list of objects with {_SHARD_KEYS}",
+                          path=path)
+    for s in shards:
+        for name in (s["name"], s["index"]):
+            if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+                raise FormatError(f"manifest names an unsafe shard file {name!r}", path=path)
+    return manifest
+
+
+def unsafe_name_reason(name: str) -> str | None:
+    """Why a member or key name must not become a path under an output folder, or None.
+    Refused: absolute names, empty, '.' or '..' components, NUL and backslashes."""
+    if not name:
+        return "empty name"
+    if name.startswith("/"):
+        return "absolute name"
+    if "\x00" in name or "\\" in name:
+        return "name contains NUL or a backslash"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "name has an empty, '.' or '..' component"
+    return None

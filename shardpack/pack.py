@@ -1,0 +1,275 @@
+"""The packer: walk -> plan -> shard tasks on an executor -> manifest, written last.
+
+``pack()`` streams the plan into the executor with a bounded number of tasks in flight, so memory
+stays bounded whatever the dataset size.  Any ``concurrent.futures.Executor`` works (pass
+``executor=``); by default a local process pool of ``workers`` processes, or inline when
+``workers == 1``.  The manifest is the commit point: it is written atomically after every shard and
+index is in place, and removed first by ``--overwrite``, so a reader never sees a half-made pack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+
+from . import __version__
+from . import format as fmt
+from .errors import PackError, ShardpackError
+from .plan import PackOptions, ShardTask, parse_size, plan
+from .samples import Source
+from .storage import Storage, is_temp_name
+from .writer import ShardResult, result_from_index, write_shard
+
+STATE_NAME = ".shardpack-pack.json"  # options of a pack in progress; removed at commit
+
+
+@dataclass
+class PackSummary:
+    out: str
+    samples: int = 0
+    shards: int = 0
+    bytes: int = 0
+    source_bytes: int = 0
+    files: int = 0
+    seconds: float = 0.0
+    reused_shards: int = 0
+    hidden: int = 0
+    skipped: dict = field(default_factory=dict)
+    first_skips: list = field(default_factory=list)
+    fields: list = field(default_factory=list)
+    classes: list | None = None
+
+    def line(self) -> str:
+        rate = self.source_bytes / self.seconds / 1e6 if self.seconds else 0.0
+        text = (f"packed {self.samples:,} samples ({self.files:,} files, "
+                f"{self.source_bytes / 1e6:,.1f} MB) into {self.shards} shards "
+                f"({self.bytes / 1e6:,.1f} MB) in {self.seconds:.1f} s: "
+                f"{self.files / self.seconds if self.seconds else 0:,.0f} files/s, {rate:,.1f} MB/s")
+        if self.reused_shards:
+            text += f"; {self.reused_shards} complete shards kept from the interrupted run"
+        if self.skipped:
+            text += "; skipped " + ", ".join(f"{v} {k}" for k, v in sorted(self.skipped.items()))
+        if self.hidden:
+            text += f"; ignored {self.hidden} hidden entries"
+        return text
+
+
+def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int | None = None,
+         compression: str = "none", zstd_level: int = 3, resize: int | None = None,
+         quality: int = 90, skip_bad: bool = False, layout: str = "auto",
+         workers: int | None = None, resume: bool = False, overwrite: bool = False,
+         executor: Executor | None = None, progress: bool = False,
+         storage_options: dict | None = None) -> PackSummary:
+    """Pack the files under ``src`` (a folder, or a .csv/.jsonl listing) into a dataset at ``out``.
+
+    Returns a :class:`PackSummary`.  Raises a :class:`~shardpack.errors.ShardpackError` subclass
+    with a one-line message naming the file at fault; nothing is published on failure."""
+    options = PackOptions(shard_format=format, shard_size=parse_size(shard_size),
+                          max_samples=max_samples, compression=compression,
+                          zstd_level=zstd_level, resize=resize, quality=quality,
+                          skip_bad=skip_bad, layout=layout)
+    if resume and overwrite:
+        raise ShardpackError("--resume and --overwrite exclude each other")
+    started = time.perf_counter()
+    source = Source(src, layout=layout, skip_bad=skip_bad)
+    storage = Storage(out, storage_options)
+    state = {"shardpack": __version__, "source": os.path.abspath(os.fspath(src)),
+             "options": options.as_dict()}
+    _prepare_out(storage, state, resume=resume, overwrite=overwrite)
+    summary = PackSummary(out=storage.url)
+    results: dict[int, ShardResult] = {}
+    own_pool = None
+    if executor is None and (workers or os.cpu_count() or 1) > 1:
+        own_pool = executor = ProcessPoolExecutor(workers or os.cpu_count(),
+                                                  mp_context=get_context("fork"),
+                                                  initializer=_die_with_parent)
+    bar = _progress(progress)
+    planned = {"files": 0, "bytes": 0}
+    try:
+        tasks = _count(plan(source, options), planned, bar)
+        for result, reused in _run(tasks, executor, storage, resume,
+                                   limit=2 * (workers or os.cpu_count() or 1)):
+            results[result.number] = result
+            summary.reused_shards += reused
+            if bar is not None:
+                bar.update(result.source_bytes)
+                bar.set_postfix_str(f"{len(results)} shards, {sum(r.samples for r in results.values()):,} samples")
+        if not results:
+            raise ShardpackError("no samples found in the source", path=source.src,
+                                 hint="check SRC, or the skip counts of --skip-bad")
+        _finish(storage, source, results, options, summary)
+    except BaseException:
+        if own_pool is not None:
+            own_pool.shutdown(wait=True, cancel_futures=True)
+            own_pool = None
+        storage.remove_temp_files()
+        raise
+    finally:
+        if own_pool is not None:
+            own_pool.shutdown(wait=True)
+        if bar is not None:
+            bar.close()
+    summary.files = planned["files"]
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _die_with_parent() -> None:
+    """Pool workers get SIGKILL when the packer dies (Linux), so a killed pack leaves no orphan
+    still writing shards that a later --resume would race with."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: workers exit when they find the pipe closed
+        pass
+
+
+def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool) -> None:
+    if storage.exists() and not storage.fs.isdir(storage.root):
+        raise ShardpackError("output exists and is not a folder", path=storage.url)
+    names = [n for n in storage.listdir() if not is_temp_name(n)]
+    ours = [n for n in names if _is_ours(n)]
+    foreign = [n for n in names if not _is_ours(n)]
+    if names and not (resume or overwrite):
+        raise ShardpackError("output folder is not empty", path=storage.url,
+                             hint="pass --resume to finish an interrupted pack, or --overwrite "
+                                  "to replace the dataset there")
+    if foreign and (resume or overwrite):
+        raise ShardpackError(f"output folder holds files shardpack did not write "
+                             f"({foreign[0]!r}...); refusing to touch them", path=storage.url,
+                             hint="choose an empty folder")
+    if resume:
+        if fmt.MANIFEST_NAME in names:
+            raise ShardpackError("output already holds a finished dataset; nothing to resume",
+                                 path=storage.url, hint="use --overwrite to pack it again")
+        if ours:
+            try:
+                previous = json.loads(storage.read_bytes(STATE_NAME))
+            except (FileNotFoundError, ValueError):
+                raise ShardpackError("output has shards but no pack state to resume from",
+                                     path=storage.url, hint="use --overwrite") from None
+            if previous.get("options") != state["options"]:
+                raise ShardpackError(f"--resume with different options than the interrupted "
+                                     f"pack: was {previous.get('options')}, now "
+                                     f"{state['options']}", path=storage.url,
+                                     hint="rerun with the same options, or use --overwrite")
+    storage.makedirs()
+    storage.remove_temp_files()
+    if overwrite:
+        storage.remove(fmt.MANIFEST_NAME)  # un-publish first, then clear
+        for name in ours:
+            storage.remove(name)
+    storage.write_atomic(STATE_NAME, json.dumps(state, sort_keys=True).encode())
+
+
+def _is_ours(name: str) -> bool:
+    return (name in (fmt.MANIFEST_NAME, STATE_NAME) or is_temp_name(name)
+            or (name.startswith("shard-") and name.endswith(
+                tuple(fmt.SHARD_SUFFIX.values()) + (fmt.INDEX_SUFFIX,))))
+
+
+def _count(tasks, planned: dict, bar):
+    for task in tasks:
+        planned["files"] += sum(1 for s in task.samples for f in s.fields if f.path)
+        planned["bytes"] += sum(s.nbytes for s in task.samples)
+        if bar is not None:
+            bar.total = planned["bytes"]
+            bar.refresh()
+        yield task
+
+
+def _run(tasks, executor, storage: Storage, resume: bool, limit: int):
+    """Yield (result, reused) for every task; at most ``limit`` tasks in flight."""
+    pending: list[tuple[ShardTask, Future]] = []
+    for task in tasks:
+        if resume:
+            kept = result_from_index(task, storage)
+            if kept is not None:
+                yield kept, 1
+                continue
+        if executor is None:
+            yield write_shard(task, storage.url, _options_of(storage)), 0
+            continue
+        pending.append((task, executor.submit(write_shard, task, storage.url,
+                                              _options_of(storage))))
+        while len(pending) >= limit:
+            yield _result(*pending.pop(0)), 0
+    while pending:
+        yield _result(*pending.pop(0)), 0
+
+
+def _options_of(storage: Storage) -> dict | None:
+    return getattr(storage.fs, "storage_options", None) or None
+
+
+def _result(task: ShardTask, future: Future) -> ShardResult:
+    try:
+        return future.result()
+    except ShardpackError:
+        raise
+    except Exception as exc:  # a worker died (BrokenProcessPool) or an unexpected error
+        if isinstance(exc, OSError) and exc.errno == 28:
+            raise PackError("out of disk space", hint="free some space, then rerun with --resume") from None
+        raise PackError(f"writing shard {task.number} failed: {type(exc).__name__}: {exc}",
+                        hint="rerun with --resume to keep the shards already written") from exc
+
+
+def _finish(storage: Storage, source: Source, results: dict, options: PackOptions,
+            summary: PackSummary) -> None:
+    ordered = [results[i] for i in sorted(results)]
+    skipped = Counter(source.report.skipped)
+    for r in ordered:
+        skipped.update(r.skipped)
+        summary.first_skips.extend(r.first_skips)
+    summary.first_skips[:0] = source.report.first_skips
+    fields = sorted({f for r in ordered for f in r.fields})
+    manifest = {
+        "format": fmt.MANIFEST_FORMAT,
+        "version": fmt.FORMAT_VERSION,
+        "shard_format": options.shard_format,
+        "compression": options.compression,
+        "hash": fmt.HASH_NAME,
+        "num_samples": sum(r.samples for r in ordered),
+        "num_shards": len(ordered),
+        "num_bytes": sum(r.bytes for r in ordered),
+        "fields": fields,
+        "classes": source.report.classes,
+        "layout": source.report.layout,
+        "skipped": dict(sorted(skipped.items())),
+        "hidden": source.report.hidden,
+        "preprocessing": {"resize": options.resize, "quality": options.quality}
+        if options.resize else None,
+        "shards": [r.manifest_entry() for r in ordered],
+    }
+    # shards numbered past the plan's end come from an older, longer run: remove them
+    for name in storage.listdir():
+        if name.startswith("shard-") and _is_ours(name):
+            number = int(name[6:11]) if name[6:11].isdigit() else -1
+            if number >= len(ordered):
+                storage.remove(name)
+    storage.write_atomic(fmt.MANIFEST_NAME, fmt.encode_manifest(manifest))
+    storage.remove(STATE_NAME)
+    summary.samples = manifest["num_samples"]
+    summary.shards = len(ordered)
+    summary.bytes = manifest["num_bytes"]
+    summary.source_bytes = sum(r.source_bytes for r in ordered)
+    summary.hidden = source.report.hidden
+    summary.skipped = dict(skipped)
+    summary.fields = fields
+    summary.classes = source.report.classes
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1000, desc="packing",
+                dynamic_ncols=True, smoothing=0.1)

@@ -1,0 +1,120 @@
+"""Samples -> shard tasks: the deterministic plan of a pack.
+
+The plan is a pure function of the sample stream and the options: shard boundaries fall where the
+next sample would take the shard past ``shard_size`` bytes (estimated from source sizes plus format
+overhead) or past ``max_samples`` samples.  A sample larger than ``shard_size`` goes alone into its
+own shard.  Each :class:`ShardTask` is self-contained (no global state), so any
+``concurrent.futures``-style executor (a local process pool, Dask, Ray) can run it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import xxhash
+
+from .errors import ShardpackError
+from .format import COMPRESSIONS, SHARD_FORMATS, TAR_BLOCK
+from .samples import SourceSample
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """``"256MB"`` -> 256000000; ``"1GiB"`` -> 1073741824; ints pass through."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ShardpackError(f"cannot read size {text!r}: use a number with an optional unit "
+                                 "(B, KB, MB, GB, KiB, MiB, GiB)")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ShardpackError(f"size must be positive, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """Everything that decides the bytes of the output.  Two packs with equal options of the same
+    source give byte-identical shards and manifest."""
+
+    shard_format: str = "tar"
+    shard_size: int = 256 * 10**6
+    max_samples: int | None = None
+    compression: str = "none"
+    zstd_level: int = 3
+    resize: int | None = None
+    quality: int = 90
+    skip_bad: bool = False
+    layout: str = "auto"
+
+    def __post_init__(self):
+        if self.shard_format not in SHARD_FORMATS:
+            raise ShardpackError(f"unknown shard format {self.shard_format!r}: expected one of "
+                                 f"{SHARD_FORMATS}")
+        if self.compression not in COMPRESSIONS:
+            raise ShardpackError(f"unknown compression {self.compression!r}: expected one of "
+                                 f"{COMPRESSIONS}")
+        if self.compression != "none" and self.shard_format == "tar":
+            raise ShardpackError("tar shards are not compressed (WebDataset readers expect plain "
+                                 "tar): use --format msgpack with --compression zstd")
+        if self.max_samples is not None and self.max_samples <= 0:
+            raise ShardpackError(f"max samples must be positive, got {self.max_samples}")
+        if self.resize is not None and self.resize <= 0:
+            raise ShardpackError(f"--resize must be a positive short-side length, got "
+                                 f"{self.resize}")
+        if not 1 <= self.quality <= 100:
+            raise ShardpackError(f"--quality must be in 1..100, got {self.quality}")
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    number: int
+    samples: tuple[SourceSample, ...]
+    options: PackOptions
+
+    @property
+    def digest(self) -> int:
+        """Fingerprint of what this shard is made of: keys, field names, sizes, mtimes, values,
+        options.  A shard kept by --resume must carry the same digest in its index."""
+        h = xxhash.xxh3_64(repr(sorted(self.options.as_dict().items())).encode())
+        for s in self.samples:
+            h.update(s.key.encode("utf-8", "surrogateescape") + b"\0")
+            for f in s.fields:
+                h.update(f"{f.name}\0{f.size}\0{f.mtime_ns}\0".encode())
+                if f.value is not None:
+                    h.update(f.value)
+        return h.intdigest()
+
+
+def estimated_size(sample: SourceSample, shard_format: str) -> int:
+    if shard_format == "tar":
+        # a header block per member (two when pax is needed) plus padding to 512
+        return sum(TAR_BLOCK + f.size + (-f.size % TAR_BLOCK) for f in sample.fields)
+    return sample.nbytes + 24 + 16 + len(sample.key) + 8 * len(sample.fields)
+
+
+def plan(samples: Iterable[SourceSample], options: PackOptions) -> Iterator[ShardTask]:
+    number = 0
+    batch: list[SourceSample] = []
+    size = 0
+    for sample in samples:
+        est = estimated_size(sample, options.shard_format)
+        full = options.max_samples is not None and len(batch) >= options.max_samples
+        if batch and (full or size + est > options.shard_size):
+            yield ShardTask(number, tuple(batch), options)
+            number += 1
+            batch, size = [], 0
+        batch.append(sample)
+        size += est
+    if batch:
+        yield ShardTask(number, tuple(batch), options)

@@ -1,0 +1,278 @@
+"""Files -> samples: turn a source (a file tree, an ImageFolder tree, a CSV or JSONL listing) into
+a deterministic stream of :class:`SourceSample`.
+
+The walk is streaming: one folder's listing is held at a time (per depth), never the whole tree.
+Order is deterministic: folders and files sorted by name (code point order), samples grouped by key.
+
+Rules (also in docs/packing.md):
+
+* key = path relative to SRC up to the first dot of the file name; field = the rest of the name
+  (``cat/0001.seg.png`` -> key ``cat/0001``, field ``seg.png``);
+* ImageFolder (auto-detected when every top-level entry is a folder): the class index, by sorted
+  class folder name, is added as a field ``cls`` (ASCII decimal);
+* hidden entries (names starting with '.') are never samples: they are counted as ``hidden``;
+* bad entries (special files, broken links, links leading outside SRC, symlink loops, files with no
+  extension, names that are not UTF-8) raise :class:`SourceError`, or with ``skip_bad`` are skipped
+  and counted by reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import stat
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator, NamedTuple
+
+from .errors import SourceError
+from .format import check_field_name, split_name
+
+LISTING_SUFFIXES = (".csv", ".jsonl")
+LAYOUTS = ("auto", "imagefolder", "files")
+
+
+class SourceField(NamedTuple):
+    name: str
+    path: str | None      # file to read, or None for an inline value
+    size: int
+    mtime_ns: int
+    value: bytes | None = None  # inline value (class index, listing column)
+
+
+class SourceSample(NamedTuple):
+    key: str
+    fields: tuple[SourceField, ...]  # sorted by name
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.size for f in self.fields)
+
+
+@dataclass
+class SourceReport:
+    """What the walk found besides samples; filled in while the stream is consumed."""
+
+    layout: str = "files"
+    classes: list[str] | None = None
+    skipped: Counter = field(default_factory=Counter)
+    hidden: int = 0
+    first_skips: list[str] = field(default_factory=list)
+
+
+class Source:
+    """An iterable of samples plus a :class:`SourceReport`."""
+
+    def __init__(self, src: str | os.PathLike, *, layout: str = "auto", skip_bad: bool = False):
+        self.src = os.fspath(src)
+        self.skip_bad = skip_bad
+        self.report = SourceReport()
+        if layout not in LAYOUTS:
+            raise SourceError(f"unknown layout {layout!r}: expected one of {LAYOUTS}")
+        if not os.path.exists(self.src):
+            raise SourceError("source does not exist", path=self.src)
+        if os.path.isfile(self.src):
+            if not self.src.endswith(LISTING_SUFFIXES):
+                raise SourceError("a source file must be a .csv or .jsonl listing", path=self.src)
+            self.report.layout = "listing"
+        elif not os.path.isdir(self.src):
+            raise SourceError("source is neither a folder nor a listing file", path=self.src)
+        else:
+            self.root = os.path.realpath(self.src)
+            self.report.layout = self._detect(layout)
+
+    def __iter__(self) -> Iterator[SourceSample]:
+        if self.report.layout == "listing":
+            yield from _read_listing(self.src, self)
+        elif self.report.layout == "imagefolder":
+            for cls, name in enumerate(self.report.classes):
+                value = str(cls).encode()
+                inline = SourceField("cls", None, len(value), 0, value)
+                for sample in self._walk(os.path.join(self.src, name), name, {self.root}):
+                    clash = [f.path for f in sample.fields if f.name == "cls"]
+                    if clash:
+                        self._bad(clash[0],
+                                  "two sources for field 'cls' of the same sample (the class "
+                                  "folder and a .cls file)", "duplicate")
+                        continue
+                    yield SourceSample(sample.key, tuple(sorted(sample.fields + (inline,))))
+        else:
+            yield from self._walk(self.src, "", {self.root})
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _bad(self, path: str, reason: str, kind: str) -> None:
+        if not self.skip_bad:
+            raise SourceError(reason, path=path,
+                              hint="fix or remove it, or pass --skip-bad to skip and count such "
+                                   "entries")
+        self.report.skipped[kind] += 1
+        if len(self.report.first_skips) < 20:
+            self.report.first_skips.append(f"{path}: {reason}")
+
+    def _detect(self, layout: str) -> str:
+        entries = [e for e in _scandir_sorted(self.src) if not e.name.startswith(".")]
+        if not entries:
+            raise SourceError("source folder is empty", path=self.src,
+                              hint="point SRC at a folder holding your files")
+        if layout == "auto":
+            layout = "imagefolder" if all(e.is_dir() for e in entries) else "files"
+        if layout == "imagefolder":
+            not_dirs = [e.name for e in entries if not e.is_dir()]
+            if not_dirs:
+                raise SourceError(f"--layout imagefolder needs only class folders at the top, "
+                                  f"found file {not_dirs[0]!r}", path=self.src)
+            self.report.classes = [e.name for e in entries]
+        return layout
+
+    def _walk(self, folder: str, rel: str, ancestors: set[str]) -> Iterator[SourceSample]:
+        """Files of ``folder`` first (grouped into samples), then its subfolders, all sorted."""
+        try:
+            entries = _scandir_sorted(folder)
+        except OSError as exc:
+            self._bad(folder, f"cannot list folder: {exc.strerror}", "unreadable")
+            return
+        files, dirs = [], []
+        for entry in entries:
+            name = entry.name
+            if name.startswith("."):
+                self.report.hidden += 1
+                continue
+            path = os.path.join(folder, name)
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                self._bad(path, "file name is not valid UTF-8", "bad-name")
+                continue
+            kind, st = self._classify(entry, path, ancestors)
+            if kind == "dir":
+                dirs.append((name, path))
+            elif kind == "file":
+                stem, fname = split_name(name)
+                why = check_field_name(fname)
+                if why:
+                    self._bad(path, why, "bad-name")
+                    continue
+                files.append((stem, fname, path, st))
+        files.sort(key=lambda t: (t[0], t[1]))
+        group_key, group = None, []
+        for stem, fname, path, st in files:
+            key = f"{rel}/{stem}" if rel else stem
+            if key != group_key and group:
+                yield SourceSample(group_key, tuple(group))
+                group = []
+            group_key = key
+            group.append(SourceField(fname, path, st.st_size, st.st_mtime_ns))
+        if group:
+            yield SourceSample(group_key, tuple(group))
+        del files
+        for name, path in dirs:
+            real = os.path.realpath(path)
+            yield from self._walk(path, f"{rel}/{name}" if rel else name, ancestors | {real})
+
+    def _classify(self, entry: os.DirEntry, path: str, ancestors: set[str]):
+        """('file', stat) / ('dir', None) / (None, None) after reporting a bad entry."""
+        try:
+            if entry.is_symlink():
+                real = os.path.realpath(path)
+                if real != self.root and not real.startswith(self.root + os.sep):
+                    self._bad(path, f"symlink points outside the source ({real})", "link-outside")
+                    return None, None
+                st = os.stat(path)
+                if stat.S_ISDIR(st.st_mode) and real in ancestors:
+                    self._bad(path, "symlink loop (links back to a parent folder)", "link-loop")
+                    return None, None
+            else:
+                st = entry.stat(follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno == 40:  # ELOOP
+                self._bad(path, "symlink loop", "link-loop")
+            elif isinstance(exc, FileNotFoundError):
+                self._bad(path, "broken symlink or file vanished during the walk", "missing")
+            else:
+                self._bad(path, f"cannot stat: {exc.strerror}", "unreadable")
+            return None, None
+        if stat.S_ISDIR(st.st_mode):
+            return "dir", None
+        if not stat.S_ISREG(st.st_mode):
+            what = ("FIFO" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode)
+                    else "device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                    else "special file")
+            self._bad(path, f"is a {what}, not a regular file (never opened)", "special")
+            return None, None
+        return "file", st
+
+
+def _scandir_sorted(folder: str) -> list[os.DirEntry]:
+    with os.scandir(folder) as it:
+        return sorted(it, key=lambda e: e.name)
+
+
+def _read_listing(path: str, source: Source) -> Iterator[SourceSample]:
+    """CSV (header row) or JSONL: a ``path`` column/key, an optional ``key``, and any other
+    columns become fields holding the value as UTF-8 text (JSON for non-scalar JSONL values)."""
+    base = os.path.dirname(os.path.abspath(path))
+    seen: set[str] = set()
+    for lineno, row in _listing_rows(path):
+        where = f"{path}:{lineno}"
+        file_path = row.pop("path", None)
+        if not isinstance(file_path, str) or not file_path:
+            raise SourceError("row has no 'path' value", path=where)
+        full = file_path if os.path.isabs(file_path) else os.path.join(base, file_path)
+        name = os.path.basename(file_path)
+        stem, fname = split_name(name)
+        key = row.pop("key", None)
+        if key is None:
+            rel = os.path.dirname(file_path).lstrip("/")
+            key = f"{rel}/{stem}" if rel else stem
+        key = str(key)
+        why = check_field_name(fname) or (None if key else "empty key")
+        if why:
+            source._bad(where, why, "bad-name")
+            continue
+        if key in seen:
+            raise SourceError(f"duplicate key {key!r} (each row must be its own sample)",
+                              path=where)
+        seen.add(key)
+        try:
+            st = os.stat(full)
+        except OSError as exc:
+            source._bad(full, f"listed file cannot be read: {exc.strerror}", "missing")
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            source._bad(full, "listed path is not a regular file", "special")
+            continue
+        fields = [SourceField(fname, full, st.st_size, st.st_mtime_ns)]
+        for col, value in row.items():
+            if value is None or value == "":
+                continue
+            why = check_field_name(col)
+            if why or col == fname:
+                raise SourceError(why or f"column {col!r} clashes with the file's field",
+                                  path=where)
+            data = (value if isinstance(value, str)
+                    else json.dumps(value, separators=(",", ":"), sort_keys=True)).encode()
+            fields.append(SourceField(col, None, len(data), 0, data))
+        yield SourceSample(key, tuple(sorted(fields)))
+
+
+def _listing_rows(path: str):
+    with open(path, newline="", encoding="utf-8") as f:
+        if path.endswith(".csv"):
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or "path" not in reader.fieldnames:
+                raise SourceError("CSV listing needs a header row with a 'path' column",
+                                  path=path)
+            for row in reader:
+                yield reader.line_num, row
+        else:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SourceError(f"bad JSON: {exc.msg}", path=f"{path}:{lineno}") from None
+                if not isinstance(row, dict):
+                    raise SourceError("each JSONL line must be an object", path=f"{path}:{lineno}")
+                yield lineno, row

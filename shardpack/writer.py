@@ -1,0 +1,221 @@
+"""Shard writer: one :class:`ShardTask` -> one shard file and its index, written atomically.
+
+The shard is streamed to a temp file (8 MB write buffer, hashed as it goes), fsynced and renamed;
+then the index is written the same way.  An index only exists next to a complete shard, which is
+what ``--resume`` relies on.  Runs in worker processes: it takes everything from its arguments.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import format as fmt
+from .errors import SourceError
+from .plan import ShardTask
+from .resize import is_image_field, resize_image
+from .samples import SourceField
+from .storage import Storage
+
+WRITE_BUFFER = 8 << 20
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What the manifest needs to know about one written shard."""
+
+    number: int
+    name: str
+    index: str
+    samples: int
+    bytes: int
+    hash: str
+    index_bytes: int
+    index_hash: str
+    fields: tuple[str, ...]
+    source_bytes: int = 0
+    skipped: dict = field(default_factory=dict)
+    first_skips: tuple[str, ...] = ()
+
+    def manifest_entry(self) -> dict:
+        return {"name": self.name, "index": self.index, "samples": self.samples,
+                "bytes": self.bytes, "hash": self.hash, "index_bytes": self.index_bytes,
+                "index_hash": self.index_hash}
+
+
+def read_field(f: SourceField) -> bytes:
+    """The bytes of one source field, refusing a file that changed since the walk."""
+    if f.path is None:
+        return f.value
+    try:
+        fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SourceError("file vanished during the pack", path=f.path) from None
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror}", path=f.path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError("is no longer a regular file", path=f.path)
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, max(f.size + 1 - total, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > f.size:
+                break
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror}", path=f.path) from None
+    finally:
+        os.close(fd)
+    if total != f.size or st.st_mtime_ns != f.mtime_ns:
+        raise SourceError(f"file changed during the pack (size {f.size} -> "
+                          f"{max(total, st.st_size)})", path=f.path,
+                          hint="pack again once the source is stable")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _Sink:
+    """Buffered, hashed writes to an open file."""
+
+    def __init__(self, f):
+        self.f = f
+        self.buf = bytearray()
+        self.pos = 0
+        self.hasher = fmt.new_content_hasher()
+
+    def write(self, data: bytes) -> None:
+        self.buf += data
+        self.pos += len(data)
+        if len(self.buf) >= WRITE_BUFFER:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            self.hasher.update(self.buf)
+            self.f.write(self.buf)
+            self.buf = bytearray()
+
+
+def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = None) -> ShardResult:
+    opts = task.options
+    storage = Storage(out_url, storage_options)
+    names = sorted({f.name for s in task.samples for f in s.fields})
+    column = {n: i for i, n in enumerate(names)}
+    n = len(task.samples)
+    field_offsets = np.full((n, len(names)), fmt.MISSING, dtype="<u8")
+    field_sizes = np.zeros((n, len(names)), dtype="<u8")
+    starts, raw_sizes, hashes, keys = [], [], [], []
+    skipped, first_skips = Counter(), []
+    source_bytes = 0
+    compressor = None
+    if opts.compression == "zstd":
+        import zstandard
+
+        compressor = zstandard.ZstdCompressor(level=opts.zstd_level, write_content_size=True)
+    shard = fmt.shard_name(task.number, opts.shard_format)
+    with storage.open_atomic(shard) as f:
+        sink = _Sink(f)
+        if opts.shard_format == "msgpack":
+            sink.write(fmt.msgpack_file_header())
+        for sample in task.samples:
+            try:
+                fields = [(sf.name, _prepared(sf, opts)) for sf in sample.fields]
+            except SourceError as exc:
+                if not opts.skip_bad:
+                    raise
+                skipped["read-failed"] += 1
+                if len(first_skips) < 20:
+                    first_skips.append(str(exc))
+                continue
+            row = len(keys)
+            if opts.shard_format == "tar":
+                parts, offset = [], 0
+                for name, data in fields:
+                    header = fmt.tar_header(f"{sample.key}.{name}", len(data))
+                    offset += len(header)
+                    field_offsets[row, column[name]] = offset
+                    field_sizes[row, column[name]] = len(data)
+                    pad = fmt.tar_padding(len(data))
+                    parts += (header, data, bytes(pad))
+                    offset += len(data) + pad
+                record = b"".join(parts)
+                raw_size = len(record)
+            else:
+                payload, offsets = fmt.encode_payload(sample.key, fields)
+                for (name, data), off in zip(fields, offsets):
+                    field_offsets[row, column[name]] = off
+                    field_sizes[row, column[name]] = len(data)
+                stored = compressor.compress(payload) if compressor else payload
+                record = fmt.record_header(stored, len(payload), compressor is not None) + stored
+                raw_size = len(payload)
+            starts.append(sink.pos)
+            raw_sizes.append(raw_size)
+            hashes.append(fmt.sample_hash(record))
+            keys.append(sample.key)
+            source_bytes += sum(len(d) for _, d in fields)
+            sink.write(record)
+        end = sink.pos
+        if opts.shard_format == "tar":
+            sink.write(fmt.TAR_END)
+        sink.flush()
+    rows = len(keys)
+    index = fmt.encode_index(
+        shard_format=opts.shard_format, compression=opts.compression, shard_bytes=sink.pos,
+        shard_hash=sink.hasher.digest(), plan_digest=task.digest,
+        skipped=sum(skipped.values()), fields=names,
+        starts=starts + [end], raw_sizes=raw_sizes, sample_hashes=hashes,
+        field_offsets=field_offsets[:rows], field_sizes=field_sizes[:rows], keys=keys)
+    index_file = fmt.index_name(task.number)
+    storage.write_atomic(index_file, index)
+    return ShardResult(task.number, shard, index_file, rows, sink.pos, sink.hasher.hexdigest(),
+                       len(index), fmt.content_hash(index), tuple(names), source_bytes,
+                       dict(skipped), tuple(first_skips))
+
+
+def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
+    """For ``--resume``: the result of an already complete shard, or None if it must be redone.
+
+    Complete means: the index exists, decodes, was made by the same plan task, and the shard file
+    has the size and hash the index records."""
+    opts = task.options
+    shard, index_file = fmt.shard_name(task.number, opts.shard_format), fmt.index_name(task.number)
+    try:
+        data = storage.read_bytes(index_file)
+        index = fmt.decode_index(data, storage.display(index_file))
+    except (FileNotFoundError, fmt.FormatError):
+        return None
+    if index.plan_digest != task.digest or not storage.exists(shard):
+        return None
+    if storage.size(shard) != index.shard_bytes:
+        return None
+    hasher = fmt.new_content_hasher()
+    with storage.open(shard) as f:
+        while chunk := f.read(WRITE_BUFFER):
+            hasher.update(chunk)
+    if hasher.digest() != index.shard_hash:
+        return None
+    # every field of every kept sample, as written (after any --resize)
+    source_bytes = int(index.field_sizes.sum())
+    skipped = {"read-failed": index.skipped} if index.skipped else {}
+    return ShardResult(task.number, shard, index_file, index.num_samples, index.shard_bytes,
+                       hasher.hexdigest(), len(data), fmt.content_hash(data), index.fields,
+                       source_bytes, skipped)
+
+
+def _prepared(sf: SourceField, opts) -> bytes:
+    data = read_field(sf)
+    if opts.resize and sf.path is not None and is_image_field(sf.name):
+        data = resize_image(data, sf.name, opts.resize, opts.quality, sf.path)
+    return data
+
+
+def is_enospc(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
