@@ -146,7 +146,7 @@ def ls_(dataset, long_):
     from .reader import DatasetReader
 
     reader = DatasetReader(dataset)
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     for shard, entry in enumerate(reader.shards):
         index = reader.index(shard)
         for row in range(index.num_samples):

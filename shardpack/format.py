@@ -474,13 +474,13 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
 
 def unsafe_name_reason(name: str) -> str | None:
     """Why a member or key name must not become a path under an output folder, or None.
-    Refused: absolute names, empty, '.' or '..' components, NUL and backslashes."""
+    Refused: absolute names, empty, '.' or '..' components, NUL."""
     if not name:
         return "empty name"
     if name.startswith("/"):
         return "absolute name"
-    if "\x00" in name or "\\" in name:
-        return "name contains NUL or a backslash"
+    if "\x00" in name:
+        return "name contains NUL"
     if any(part in ("", ".", "..") for part in name.split("/")):
         return "name has an empty, '.' or '..' component"
     return None

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
 from .errors import SourceError
-from .format import check_field_name, split_name
+from .format import check_field_name, split_name, unsafe_name_reason
 
 LISTING_SUFFIXES = (".csv", ".jsonl")
 LAYOUTS = ("auto", "imagefolder", "files")
@@ -89,7 +89,9 @@ class Source:
             for cls, name in enumerate(self.report.classes):
                 value = str(cls).encode()
                 inline = SourceField("cls", None, len(value), 0, value)
-                for sample in self._walk(os.path.join(self.src, name), name, {self.root}):
+                folder = os.path.join(self.src, name)
+                ancestors = {self.root, os.path.realpath(folder)}
+                for sample in self._walk(folder, name, ancestors):
                     clash = [f.path for f in sample.fields if f.name == "cls"]
                     if clash:
                         self._bad(clash[0],
@@ -226,7 +228,9 @@ def _read_listing(path: str, source: Source) -> Iterator[SourceSample]:
             rel = os.path.dirname(file_path).lstrip("/")
             key = f"{rel}/{stem}" if rel else stem
         key = str(key)
-        why = check_field_name(fname) or (None if key else "empty key")
+        why = check_field_name(fname) or unsafe_name_reason(key)
+        if why is None and "." in key.rsplit("/", 1)[-1]:
+            why = "key has a dot in its last part (readers split key and field at that dot)"
         if why:
             source._bad(where, why, "bad-name")
             continue

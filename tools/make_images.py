@@ -3,11 +3,11 @@
 
     OUT/<class_name>/<NNNNNN>.jpg      e.g. OUT/n00_astronaut/000000.jpg
 
-Normal mode: every image is a random crop (position, scale, aspect) of one of the
-real colour photos shipped inside scikit-image, resized to ImageNet-like sizes
-(mostly 500x375 / 500x333 / 375x500 ...), colour-jittered, maybe flipped, with a
-little noise, saved as JPEG (~100 KB on average).  Class c uses photo c mod 9;
-classes beyond the 9th add a channel permutation so their content still differs.
+Normal mode: every image is a crop of random size/aspect (ImageNet-like: mostly
+500x375, 500x333, 375x500, ...) at a random position and scale of one of the real
+colour photos shipped inside scikit-image, maybe flipped, with a random colour cast,
+brightness and a little noise, saved as JPEG (~100 KB on average).  Class c uses
+photo c mod 9; further classes permute the colour channels (54 distinct looks).
 --tiny: ~1 KB 32x32 JPEGs; a pool of distinct byte strings is rendered once and
 written round-robin, fast enough for millions of files.
 
@@ -28,7 +28,7 @@ PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "hubble_de
 PERMS = [(0, 1, 2), (2, 0, 1), (1, 2, 0), (2, 1, 0), (0, 2, 1), (1, 0, 2)]
 ASPECTS = [4 / 3] * 5 + [3 / 2] * 3 + [1.0, 5 / 4, 16 / 9]  # long/short side ratios
 DEFAULT_QUALITY, TINY_QUALITY, TINY_SIZE = 95, 85, 32
-NOISE_K = 18           # noise amplitude (grey levels, sigma = NOISE_K / 2.5)
+NOISE_SIGMA, NOISE_BIAS = 8.0, 64  # Gaussian noise sigma (grey levels); tile offset
 LEVELS = (512, 680, 900, 1200)  # short sides of the source scale pyramid
 TINY_POOL = 512        # distinct tiny JPEGs (rounded up to a multiple of the class count)
 _S = {}                # per-run state; set before forking, so workers inherit it
@@ -57,7 +57,7 @@ def render(index, tiny=False):
     c = index % _S["classes"]
     levels = _S["sources"][c % len(PHOTOS)]  # the class's photo at several scales
     if tiny:  # a random square patch (6..100% of the short side) shrunk to 32x32
-        src = rng.choice(levels)
+        src = levels[0]  # smallest level: cheapest to shrink from
         side = rng.uniform(0.06, 1.0) * min(src.size)
         x0, y0 = rng.uniform(0, src.width - side), rng.uniform(0, src.height - side)
         img = src.resize((TINY_SIZE,) * 2, Image.BILINEAR, box=(x0, y0, x0 + side, y0 + side))
@@ -74,17 +74,15 @@ def render(index, tiny=False):
         img = src.crop((x0, y0, x0 + w, y0 + h))
     if rng.random() < 0.5:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    # Colour jitter as one lookup table: per-channel gain + common brightness offset.
-    b = rng.uniform(-20, 20)
-    gains = np.array([[rng.uniform(0.8, 1.2)] for _ in range(3)])
-    img = img.point(np.clip(np.arange(256) * gains + b, 0, 255).round().astype(int).ravel().tolist())
     variant = c // len(PHOTOS)
     if variant:  # classes beyond the photo count: permute the colour channels
         bands = img.split()
-        img = Image.merge("RGB", [bands[j] for j in PERMS[variant % len(PERMS) or 1]])
-    if not tiny:  # Gaussian noise: add a random window of a pre-made noise tile
-        nx, ny = rng.randrange(64), rng.randrange(64)
-        img = ImageChops.add(img, _S["noise"].crop((nx, ny, nx + w, ny + h)), offset=-2 * NOISE_K)
+        img = Image.merge("RGB", [bands[j] for j in PERMS[1 + (variant - 1) % 5]])
+    # Noise + colour cast + brightness in one C pass: add a random window of one of the
+    # pre-made noise tiles (each has its own per-channel cast) with a random offset.
+    tile, nx, ny = rng.choice(_S["noise"]), rng.randrange(64), rng.randrange(64)
+    img = ImageChops.add(img, tile.crop((nx, ny, nx + img.width, ny + img.height)),
+                         offset=rng.randint(-20, 20) - NOISE_BIAS)
     out = BytesIO()
     img.save(out, "JPEG", quality=_S["quality"])
     return out.getvalue()
@@ -140,6 +138,16 @@ def _prepare_out(out, overwrite):
     os.makedirs(out, exist_ok=True)
 
 
+def _progress_bar(total, enabled):
+    """tqdm bar (by default only on a terminal), or None without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="img", smoothing=0.05,
+                disable=not (sys.stderr.isatty() if enabled is None else enabled))
+
+
 def make_images(out, count, classes=10, seed=0, tiny=False, workers=None, quality=None,
                 overwrite=False, progress=None):
     """Generate the tree; returns {count, bytes, classes, seconds, out}."""
@@ -156,26 +164,23 @@ def make_images(out, count, classes=10, seed=0, tiny=False, workers=None, qualit
     for p in used:  # scale pyramid: crops from a level of short side 512 see most of the photo
         photo = Image.open(os.path.join(data_dir, PHOTOS[p])).convert("RGB")
         sources[p] = [photo.resize((round(photo.width * k), round(photo.height * k)), Image.BILINEAR)
-                      for k in (s / min(photo.size) for s in LEVELS)]
-    noise = np.random.default_rng(seed).normal(2 * NOISE_K, NOISE_K / 2.5, (704, 704, 3))
+                      for k in (s / min(photo.size) for s in LEVELS[:1 if tiny else None])]
+    rng = np.random.default_rng(seed)
+    noise = rng.normal(NOISE_BIAS, NOISE_SIGMA, (704, 704, 3))
+    tiles = [Image.fromarray(np.clip(noise + rng.uniform(-12, 12, 3), 0, 255).astype(np.uint8))
+             for _ in range(8)]  # same noise, 8 colour casts; windows differ per image
     _S.clear()
     _S.update(out=out, names=names, classes=classes, seed=seed, tiny=tiny, count=count,
-              sources=sources, quality=quality or (TINY_QUALITY if tiny else DEFAULT_QUALITY),
-              noise=Image.fromarray(np.clip(noise, 0, 255).round().astype(np.uint8)),
-              width=max(6, len(str(max(count - 1, 0)))), chunk=10000 if tiny else 64)
+              sources=sources, noise=tiles, width=max(6, len(str(max(count - 1, 0)))),
+              quality=quality or (TINY_QUALITY if tiny else DEFAULT_QUALITY),
+              chunk=10000 if tiny else 64)  # images per work unit
     if tiny:  # distinct tiny JPEGs; pool index i % P keeps class i % classes (P % classes == 0)
         size = min(count, math.ceil(TINY_POOL / classes) * classes)
         _S["pool"] = [render(i, tiny=True) for i in range(size)]
     workers = max(1, min(workers or os.cpu_count() or 1, math.ceil(count / _S["chunk"])))
-    if progress is None:
-        progress = sys.stderr.isatty()
-    try:
-        from tqdm import tqdm
-        bar = tqdm(total=count, unit="img", disable=not progress, smoothing=0.05)
-    except ImportError:
-        bar = None
     total = 0
     if workers == 1:
+        bar = _progress_bar(count, progress)
         for start in range(0, count, _S["chunk"]):
             stop = min(count, start + _S["chunk"])
             total += _write_chunk(start, stop)
@@ -187,7 +192,7 @@ def make_images(out, count, classes=10, seed=0, tiny=False, workers=None, qualit
                  for _ in range(workers)]
         for p in procs:
             p.start()
-        running = workers
+        running, bar = workers, _progress_bar(count, progress)  # its thread: after fork
         try:
             while running:
                 try:
@@ -217,8 +222,9 @@ def make_images(out, count, classes=10, seed=0, tiny=False, workers=None, qualit
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Write a deterministic ImageNet-like JPEG tree OUT/<class>/<NNNNNN>.jpg "
-                    "(image i goes to class i %% CLASSES). Normal images average ~100 KB; "
-                    "--tiny writes ~1 KB files, fast enough for millions of files.")
+                    "(image i goes to class i mod CLASSES). Normal images average ~100 KB; "
+                    "--tiny writes ~1 KB files, fast enough for millions of files.",
+        epilog="example: python tools/make_images.py demo-data/images --count 2000")
     ap.add_argument("out", metavar="OUT", help="output directory (must be empty or missing)")
     ap.add_argument("--count", "-n", type=int, required=True, help="number of images")
     ap.add_argument("--classes", type=int, default=10, help="number of class folders (default 10)")
