@@ -96,7 +96,6 @@ TAR_BLOCK = 512
 TAR_END = bytes(2 * TAR_BLOCK)
 TAR_MODE = 0o644
 TAR_MTIME = 0
-_USTAR = struct.Struct("<100s8s8s8s12s12s8sc100s6s2s32s32s8s8s155s12x")
 _OCTAL_SIZE_LIMIT = 8 ** 11
 PAX_NAME = "././@PaxHeader"
 
@@ -105,28 +104,25 @@ def tar_padding(size: int) -> int:
     return -size % TAR_BLOCK
 
 
+def _ustar_template(typeflag: bytes) -> tuple[bytes, bytes, int]:
+    """The fixed parts of a header around the name (0..100) and size (124..136) fields, and the
+    checksum of everything but those two fields (chksum itself counts as 8 spaces)."""
+    middle = b"%07o\0" % TAR_MODE + b"%07o\0" % 0 + b"%07o\0" % 0          # 100..124
+    tail = (b"%011o\0" % TAR_MTIME + b" " * 8 + typeflag + bytes(100) + b"ustar\0" + b"00"
+            + bytes(64) + b"%07o\0" % 0 + b"%07o\0" % 0 + bytes(155 + 12))   # 136..512
+    return middle, tail, sum(middle) + sum(tail)
+
+
+_TEMPLATES = {flag: _ustar_template(flag) for flag in (b"0", b"x")}
+
+
 def _ustar_block(name: bytes, size: int, typeflag: bytes) -> bytes:
-    fields = [
-        name[:100],
-        b"%07o\0" % TAR_MODE,
-        b"%07o\0" % 0,
-        b"%07o\0" % 0,
-        b"%011o\0" % size,
-        b"%011o\0" % TAR_MTIME,
-        b" " * 8,
-        typeflag,
-        b"",
-        b"ustar\0",
-        b"00",
-        b"",
-        b"",
-        b"%07o\0" % 0,
-        b"%07o\0" % 0,
-        b"",
-    ]
-    block = bytearray(_USTAR.pack(*fields))
-    block[148:156] = b"%06o\0 " % sum(block)
-    return bytes(block)
+    middle, tail, base = _TEMPLATES[typeflag]
+    name = name[:100]
+    size_field = b"%011o\0" % size
+    chksum = b"%06o\0 " % (base + sum(name) + sum(size_field))
+    return (name + bytes(100 - len(name)) + middle + size_field + tail[:12] + chksum
+            + tail[20:])
 
 
 def _pax_record(keyword: str, value: str) -> bytes:
@@ -262,21 +258,41 @@ def check_msgpack_file_header(data: bytes, path: str | None = None) -> None:
                            path=path, offset=0)
 
 
+_packb = msgpack.Packer(use_bin_type=True).pack
+_packed_names: dict[str, bytes] = {}
+
+
+def _bin_header(n: int) -> bytes:
+    if n < 0x100:
+        return b"\xc4" + n.to_bytes(1, "big")
+    if n < 0x10000:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
 def encode_payload(key: str, fields: Sequence[tuple[str, bytes]]) -> tuple[bytes, list[int]]:
     """A msgpack map ``{"__key__": key, field: bin, ...}`` (fields in the given order) and the
     offset of each field's bytes inside it, so readers can slice fields without unpacking."""
-    packer = msgpack.Packer(use_bin_type=True)
-    parts = [packer.pack_map_header(len(fields) + 1), packer.pack(KEY_FIELD),
-             packer.pack(key)]
-    size = sum(len(p) for p in parts)
+    parts = [_map_header(len(fields) + 1), _PACKED_KEY_FIELD, _packb(key)]
+    size = len(parts[0]) + len(parts[1]) + len(parts[2])
     offsets = []
     for name, value in fields:
-        head = packer.pack(name)
-        body = packer.pack(bytes(value) if not isinstance(value, bytes) else value)
-        parts += (head, body)
-        size += len(head) + len(body)
-        offsets.append(size - len(value))
+        head = _packed_names.get(name)
+        if head is None:
+            head = _packed_names.setdefault(name, _packb(name))
+        bin_head = _bin_header(len(value))
+        size += len(head) + len(bin_head)
+        offsets.append(size)
+        size += len(value)
+        parts += (head, bin_head, value)
     return b"".join(parts), offsets
+
+
+def _map_header(n: int) -> bytes:
+    return bytes((0x80 | n,)) if n < 16 else b"\xde" + n.to_bytes(2, "big")
+
+
+_PACKED_KEY_FIELD = _packb(KEY_FIELD)
 
 
 def record_header(stored: bytes, raw_len: int, zstd: bool) -> bytes:

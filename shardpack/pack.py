@@ -177,8 +177,8 @@ def _is_ours(name: str) -> bool:
 
 def _count(tasks, planned: dict, bar):
     for task in tasks:
-        planned["files"] += sum(1 for s in task.samples for f in s.fields if f.path)
-        planned["bytes"] += sum(s.nbytes for s in task.samples)
+        planned["files"] += task.files
+        planned["bytes"] += task.source_bytes
         if bar is not None:
             bar.total = planned["bytes"]
             bar.refresh()

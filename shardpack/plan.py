@@ -81,6 +81,8 @@ class ShardTask:
     number: int
     samples: tuple[SourceSample, ...]
     options: PackOptions
+    source_bytes: int = 0   # planned bytes of all fields
+    files: int = 0          # source files read (inline values excluded)
 
     @property
     def digest(self) -> int:
@@ -96,25 +98,26 @@ class ShardTask:
         return h.intdigest()
 
 
-def estimated_size(sample: SourceSample, shard_format: str) -> int:
-    if shard_format == "tar":
-        # a header block per member (two when pax is needed) plus padding to 512
-        return sum(TAR_BLOCK + f.size + (-f.size % TAR_BLOCK) for f in sample.fields)
-    return sample.nbytes + 24 + 16 + len(sample.key) + 8 * len(sample.fields)
-
-
 def plan(samples: Iterable[SourceSample], options: PackOptions) -> Iterator[ShardTask]:
     number = 0
     batch: list[SourceSample] = []
-    size = 0
+    size = nbytes = files = 0
+    tar = options.shard_format == "tar"
+    limit, max_samples = options.shard_size, options.max_samples or (1 << 62)
     for sample in samples:
-        est = estimated_size(sample, options.shard_format)
-        full = options.max_samples is not None and len(batch) >= options.max_samples
-        if batch and (full or size + est > options.shard_size):
-            yield ShardTask(number, tuple(batch), options)
+        est = 0 if tar else 40 + len(sample.key)
+        sample_bytes = sample_files = 0
+        for f in sample.fields:  # inlined estimated_size(): this runs once per file
+            sample_bytes += f.size
+            sample_files += f.path is not None
+            est += TAR_BLOCK + f.size + (-f.size % TAR_BLOCK) if tar else f.size + 8
+        if batch and (len(batch) >= max_samples or size + est > limit):
+            yield ShardTask(number, tuple(batch), options, nbytes, files)
             number += 1
-            batch, size = [], 0
+            batch, size, nbytes, files = [], 0, 0, 0
         batch.append(sample)
         size += est
+        nbytes += sample_bytes
+        files += sample_files
     if batch:
-        yield ShardTask(number, tuple(batch), options)
+        yield ShardTask(number, tuple(batch), options, nbytes, files)

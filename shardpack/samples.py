@@ -68,6 +68,7 @@ class Source:
         self.src = os.fspath(src)
         self.skip_bad = skip_bad
         self.report = SourceReport()
+        self._field_ok: dict[str, str | None] = {}  # field name -> why it is refused (cache)
         if layout not in LAYOUTS:
             raise SourceError(f"unknown layout {layout!r}: expected one of {LAYOUTS}")
         if not os.path.exists(self.src):
@@ -91,16 +92,9 @@ class Source:
                 inline = SourceField("cls", None, len(value), 0, value)
                 folder = os.path.join(self.src, name)
                 ancestors = {self.root, os.path.realpath(folder)}
-                for sample in self._walk(folder, name, ancestors):
-                    clash = [f.path for f in sample.fields if f.name == "cls"]
-                    if clash:
-                        self._bad(clash[0],
-                                  "two sources for field 'cls' of the same sample (the class "
-                                  "folder and a .cls file)", "duplicate")
-                        continue
-                    yield SourceSample(sample.key, tuple(sorted(sample.fields + (inline,))))
+                yield from self._walk(folder, name, ancestors, inline)
         else:
-            yield from self._walk(self.src, "", {self.root})
+            yield from self._walk(self.src, "", {self.root}, None)
 
     # -- helpers ---------------------------------------------------------------------------
     def _bad(self, path: str, reason: str, kind: str) -> None:
@@ -127,50 +121,82 @@ class Source:
             self.report.classes = [e.name for e in entries]
         return layout
 
-    def _walk(self, folder: str, rel: str, ancestors: set[str]) -> Iterator[SourceSample]:
-        """Files of ``folder`` first (grouped into samples), then its subfolders, all sorted."""
+    def _walk(self, folder: str, rel: str, ancestors: set[str],
+              extra: SourceField | None) -> Iterator[SourceSample]:
+        """Files of ``folder`` first (grouped into samples), then its subfolders, all sorted.
+        ``extra`` (the ImageFolder class field) is added to every sample.  This loop runs once
+        per file of the dataset, so it keeps to plain local operations."""
         try:
             entries = _scandir_sorted(folder)
         except OSError as exc:
             self._bad(folder, f"cannot list folder: {exc.strerror}", "unreadable")
             return
         files, dirs = [], []
+        field_ok = self._field_ok
         for entry in entries:
             name = entry.name
-            if name.startswith("."):
+            if name[0] == ".":
                 self.report.hidden += 1
                 continue
-            path = os.path.join(folder, name)
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                self._bad(path, "file name is not valid UTF-8", "bad-name")
-                continue
-            kind, st = self._classify(entry, path, ancestors)
-            if kind == "dir":
-                dirs.append((name, path))
-            elif kind == "file":
-                stem, fname = split_name(name)
-                why = check_field_name(fname)
-                if why:
-                    self._bad(path, why, "bad-name")
+            path = f"{folder}/{name}"
+            if not name.isascii():
+                try:
+                    name.encode("utf-8")
+                except UnicodeEncodeError:
+                    self._bad(path, "file name is not valid UTF-8", "bad-name")
                     continue
-                files.append((stem, fname, path, st))
-        files.sort(key=lambda t: (t[0], t[1]))
-        group_key, group = None, []
-        for stem, fname, path, st in files:
-            key = f"{rel}/{stem}" if rel else stem
-            if key != group_key and group:
-                yield SourceSample(group_key, tuple(group))
+            if entry.is_file(follow_symlinks=False):  # the common case: no extra checks
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    kind, st = self._classify(entry, path, ancestors)
+                    if kind is None:
+                        continue
+            else:
+                kind, st = self._classify(entry, path, ancestors)
+                if kind == "dir":
+                    dirs.append((name, path))
+                if kind != "file":
+                    continue
+            stem, _, fname = name.partition(".")
+            why = field_ok.get(fname, True)
+            if why is True:
+                why = field_ok[fname] = check_field_name(fname)
+            if why:
+                self._bad(path, why, "bad-name")
+                continue
+            files.append((stem, fname, path, st.st_size, st.st_mtime_ns))
+        files.sort()
+        prefix = f"{rel}/" if rel else ""
+        group_stem, group = None, []
+        for stem, fname, path, size, mtime in files:
+            if stem != group_stem and group:
+                sample = self._sample(prefix + group_stem, group, extra)
+                if sample is not None:
+                    yield sample
                 group = []
-            group_key = key
-            group.append(SourceField(fname, path, st.st_size, st.st_mtime_ns))
+            group_stem = stem
+            group.append(SourceField(fname, path, size, mtime))
         if group:
-            yield SourceSample(group_key, tuple(group))
+            sample = self._sample(prefix + group_stem, group, extra)
+            if sample is not None:
+                yield sample
         del files
         for name, path in dirs:
             real = os.path.realpath(path)
-            yield from self._walk(path, f"{rel}/{name}" if rel else name, ancestors | {real})
+            yield from self._walk(path, prefix + name, ancestors | {real}, extra)
+
+    def _sample(self, key: str, group: list, extra: SourceField | None) -> SourceSample | None:
+        if extra is None:
+            return SourceSample(key, tuple(group))
+        for f in group:
+            if f.name == extra.name:
+                self._bad(f.path, f"two sources for field '{extra.name}' of the same sample "
+                                  "(the class folder and a file)", "duplicate")
+                return None
+        group.append(extra)
+        group.sort()
+        return SourceSample(key, tuple(group))
 
     def _classify(self, entry: os.DirEntry, path: str, ancestors: set[str]):
         """('file', stat) / ('dir', None) / (None, None) after reporting a bad entry."""

@@ -62,15 +62,18 @@ def read_field(f: SourceField) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise SourceError("is no longer a regular file", path=f.path)
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, max(f.size + 1 - total, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > f.size:
-                break
+        want = f.size + 1  # one byte more than planned: a short read is EOF, a full one growth
+        data = os.read(fd, want)
+        total = len(data)
+        if 0 < total < want and total < f.size:  # short read before the planned size: keep going
+            chunks = [data]
+            while total < want:
+                chunk = os.read(fd, want - total)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+            data = b"".join(chunks)
     except OSError as exc:
         raise SourceError(f"cannot read: {exc.strerror}", path=f.path) from None
     finally:
@@ -79,7 +82,7 @@ def read_field(f: SourceField) -> bytes:
         raise SourceError(f"file changed during the pack (size {f.size} -> "
                           f"{max(total, st.st_size)})", path=f.path,
                           hint="pack again once the source is stable")
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return data
 
 
 class _Sink:
@@ -109,9 +112,10 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
     storage = Storage(out_url, storage_options)
     names = sorted({f.name for s in task.samples for f in s.fields})
     column = {n: i for i, n in enumerate(names)}
-    n = len(task.samples)
-    field_offsets = np.full((n, len(names)), fmt.MISSING, dtype="<u8")
-    field_sizes = np.zeros((n, len(names)), dtype="<u8")
+    width = len(names)
+    missing = int(fmt.MISSING)
+    field_offsets: list[int] = []  # row-major [rows x width], turned into arrays at the end
+    field_sizes: list[int] = []
     starts, raw_sizes, hashes, keys = [], [], [], []
     skipped, first_skips = Counter(), []
     source_bytes = 0
@@ -121,13 +125,16 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
 
         compressor = zstandard.ZstdCompressor(level=opts.zstd_level, write_content_size=True)
     shard = fmt.shard_name(task.number, opts.shard_format)
+    tar = opts.shard_format == "tar"
+    prepare = _prepared if opts.resize else _read_only
     with storage.open_atomic(shard) as f:
         sink = _Sink(f)
         if opts.shard_format == "msgpack":
             sink.write(fmt.msgpack_file_header())
         for sample in task.samples:
             try:
-                fields = [(sf.name, _prepared(sf, opts)) for sf in sample.fields]
+                fields = [(sf.name, sf.value if sf.path is None else prepare(sf, opts))
+                          for sf in sample.fields]
             except SourceError as exc:
                 if not opts.skip_bad:
                     raise
@@ -135,35 +142,29 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
                 if len(first_skips) < 20:
                     first_skips.append(str(exc))
                 continue
-            row = len(keys)
-            if opts.shard_format == "tar":
-                parts, offset = [], 0
-                for name, data in fields:
-                    header = fmt.tar_header(f"{sample.key}.{name}", len(data))
-                    offset += len(header)
-                    field_offsets[row, column[name]] = offset
-                    field_sizes[row, column[name]] = len(data)
-                    pad = fmt.tar_padding(len(data))
-                    parts += (header, data, bytes(pad))
-                    offset += len(data) + pad
-                record = b"".join(parts)
+            offsets_row, sizes_row = [missing] * width, [0] * width
+            for name, data in fields:
+                sizes_row[column[name]] = len(data)
+            if tar:
+                record, offsets = _tar_record(sample.key, fields)
                 raw_size = len(record)
             else:
                 payload, offsets = fmt.encode_payload(sample.key, fields)
-                for (name, data), off in zip(fields, offsets):
-                    field_offsets[row, column[name]] = off
-                    field_sizes[row, column[name]] = len(data)
                 stored = compressor.compress(payload) if compressor else payload
                 record = fmt.record_header(stored, len(payload), compressor is not None) + stored
                 raw_size = len(payload)
+            for (name, _), off in zip(fields, offsets):
+                offsets_row[column[name]] = off
+            field_offsets += offsets_row
+            field_sizes += sizes_row
             starts.append(sink.pos)
             raw_sizes.append(raw_size)
             hashes.append(fmt.sample_hash(record))
             keys.append(sample.key)
-            source_bytes += sum(len(d) for _, d in fields)
+            source_bytes += sum(sizes_row)
             sink.write(record)
         end = sink.pos
-        if opts.shard_format == "tar":
+        if tar:
             sink.write(fmt.TAR_END)
         sink.flush()
     rows = len(keys)
@@ -172,7 +173,8 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
         shard_hash=sink.hasher.digest(), plan_digest=task.digest,
         skipped=sum(skipped.values()), fields=names,
         starts=starts + [end], raw_sizes=raw_sizes, sample_hashes=hashes,
-        field_offsets=field_offsets[:rows], field_sizes=field_sizes[:rows], keys=keys)
+        field_offsets=np.array(field_offsets, dtype="<u8").reshape(rows, width),
+        field_sizes=np.array(field_sizes, dtype="<u8").reshape(rows, width), keys=keys)
     index_file = fmt.index_name(task.number)
     storage.write_atomic(index_file, index)
     return ShardResult(task.number, shard, index_file, rows, sink.pos, sink.hasher.hexdigest(),
@@ -208,6 +210,26 @@ def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
     return ShardResult(task.number, shard, index_file, index.num_samples, index.shard_bytes,
                        hasher.hexdigest(), len(data), fmt.content_hash(data), index.fields,
                        source_bytes, skipped)
+
+
+_PADDING = [bytes(-n % fmt.TAR_BLOCK) for n in range(fmt.TAR_BLOCK)]
+
+
+def _tar_record(key: str, fields: list[tuple[str, bytes]]) -> tuple[bytes, list[int]]:
+    """One sample's tar members, and where each field's data starts in them."""
+    parts, offsets, offset = [], [], 0
+    for name, data in fields:
+        header = fmt.tar_header(f"{key}.{name}", len(data))
+        pad = _PADDING[len(data) % fmt.TAR_BLOCK]
+        offset += len(header)
+        offsets.append(offset)
+        offset += len(data) + len(pad)
+        parts += (header, data, pad)
+    return b"".join(parts), offsets
+
+
+def _read_only(sf: SourceField, opts) -> bytes:
+    return read_field(sf)
 
 
 def _prepared(sf: SourceField, opts) -> bytes:

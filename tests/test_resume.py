@@ -65,10 +65,9 @@ def test_sigkill_then_resume_is_byte_identical(src, tmp_path, shard_format):
         workers = _children(proc.pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        if proc.returncode == 0:
-            break  # finished before the kill
+        if (out / fmt.MANIFEST_NAME).exists():
+            break  # committed before the kill landed
         kills += 1
-        assert not (out / fmt.MANIFEST_NAME).exists()
         deadline = time.time() + 10  # workers die with their parent (PR_SET_PDEATHSIG)
         while time.time() < deadline and any(_alive(w) for w in workers):
             time.sleep(0.05)

@@ -132,7 +132,8 @@ def versions():
     meta = "import importlib.metadata as m, sys; print(*[m.version(p) for p in sys.argv[1:]])"
     peer = _cmd_out([PEER_PY, "-c", meta, "mosaicml-streaming", "litdata", "torch"]).split()
     return {
-        "shardpack": _cmd_out([SHARDPACK, "--version"]) or "not installed",
+        "shardpack": (_cmd_out([SHARDPACK, "--version"]) or "not installed") + " (git "
+        + _cmd_out(["git", "-C", ROOT, "describe", "--always", "--dirty"]) + ")",
         "tar-cf": _cmd_out(["tar", "--version"]).splitlines()[0],
         "webdataset": "webdataset " + _cmd_out([VENV_PY, "-c", meta, "webdataset"]),
         "mds": f"mosaicml-streaming {peer[0]} (torch {peer[2]})" if peer else "missing",
@@ -146,13 +147,14 @@ def ensure_tree(data_dir, kind, count):
     done = src + ".done"
     cmd = [VENV_PY, os.path.join(ROOT, "tools", "make_images.py"), src, "--count", str(count)]
     cmd += ["--tiny"] if kind == "tiny" else []
+    shown = shlex.join(["python", "tools/make_images.py", os.path.relpath(src, ROOT)] + cmd[3:])
     if not os.path.exists(done):
         os.makedirs(data_dir, exist_ok=True)
-        print("generating:", shlex.join(cmd), flush=True)
+        print("generating:", shown, flush=True)
         subprocess.run(cmd + ["--overwrite"], check=True)
         with open(done, "w") as f:
-            f.write(shlex.join(cmd) + "\n")
-    return src, shlex.join(cmd)
+            f.write(shown + "\n")
+    return src, shown
 
 
 def bench_tree(tree, src, names, modes, reps, scratch, timeout, log_dir):
@@ -229,7 +231,8 @@ def table(info, stats):
         lines.append(f"| {name} | {s['med']:.2f} ({s['lo']:.2f}-{s['hi']:.2f}, {s['n']}) | {inner} "
                      f"| {info['files'] / s['med']:,.0f} | {info['bytes'] / 1e6 / s['med']:,.1f} "
                      f"| {ratio(s['med'], tar)} | {ratio(s['med'], fastest)} "
-                     f"| {s['rss']:,.0f} / {s['pss']:,.0f} | {s['out_mb']:,.1f} |")
+                     f"| {s['rss']:,.0f} / {s['pss']:,.0f} | {s['out_mb']:,.1f} |"
+                     .replace(" / 0 |", " / - |"))
     return lines, tar, fastest
 
 
@@ -313,7 +316,7 @@ def main():
         info = bench_tree(tree, src, tnames, modes, reps, scratch, args.timeout, log_dir)
         doc += [f"### {tree}: {info['files']:,} files, {info['bytes'] / 1e6:,.1f} MB "
                 f"(avg {info['bytes'] / max(info['files'], 1) / 1e3:.1f} KB)", "",
-                f"Data: `{os.path.relpath(gen.split(' ', 1)[1], ROOT)}`; {reps} repetitions, "
+                f"Data: `{gen}`; {reps} repetitions, "
                 f"contenders in rotated order each repetition.", ""]
         goals = []
         for mode in modes:
