@@ -15,18 +15,36 @@ from .errors import (  # noqa: E402
 from .pack import PackSummary, pack  # noqa: E402
 from .reader import DatasetReader, open_reader  # noqa: E402
 
+_TORCH_API = {"ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
+              "BytesBatch": "batches", "collate": "batches", "pack_bytes": "batches"}
+
+
+def __getattr__(name):
+    """The torch-based API loads on first use, so `shardpack pack` never imports torch."""
+    if name in _TORCH_API:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_TORCH_API[name]}", __name__), name)
+    raise AttributeError(f"module 'shardpack' has no attribute {name!r}")
+
 __all__ = [
+    "BytesBatch",
     "DatasetNotFoundError",
     "DatasetReader",
     "FormatError",
     "IntegrityError",
+    "MapDataset",
     "PackError",
     "PackSummary",
+    "ShardDataset",
     "ShardpackError",
     "SourceError",
     "UnsafePathError",
     "VersionError",
     "__version__",
+    "collate",
+    "open_dataset",
     "open_reader",
     "pack",
+    "pack_bytes",
 ]

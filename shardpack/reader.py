@@ -8,6 +8,10 @@ many bytes; msgpack unpacking (verification only) is limited to the record's own
 
 from __future__ import annotations
 
+import mmap
+import os
+from collections import OrderedDict
+
 import numpy as np
 
 from . import format as fmt
@@ -30,6 +34,15 @@ class DatasetReader:
         self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum([s["samples"] for s in self.shards], out=self.offsets[1:])
         self._indexes: dict[int, fmt.ShardIndex] = {}
+        self._buffers: OrderedDict[int, memoryview] = OrderedDict()
+
+    MAX_OPEN_SHARDS = 64
+
+    def __getstate__(self):
+        # memory maps and loaded indexes stay in their process: a worker opens its own, lazily
+        state = dict(self.__dict__)
+        state["_indexes"], state["_buffers"] = {}, OrderedDict()
+        return state
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -65,16 +78,56 @@ class DatasetReader:
         shard = int(np.searchsorted(self.offsets, i, side="right")) - 1
         return shard, i - int(self.offsets[shard])
 
-    def read_sample(self, i: int) -> dict:
-        """Sample ``i`` of the dataset with one ranged read."""
-        shard, row = self.locate(i)
+    def shard_buffer(self, shard: int) -> memoryview | None:
+        """A read-only memory map of a local shard (None for remote storage), checked against the
+        manifest's size; at most MAX_OPEN_SHARDS stay open per process."""
+        buf = self._buffers.get(shard)
+        if buf is not None:
+            self._buffers.move_to_end(shard)
+            return buf
+        if not self.storage.local:
+            return None
+        entry = self.shards[shard]
+        path = self.storage.path(entry["name"])
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise DatasetNotFoundError("shard is missing", path=self.shard_path(shard)) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size != entry["bytes"]:
+                raise FormatError(f"shard is {size} bytes, the manifest says {entry['bytes']} "
+                                  "(truncated or replaced)", path=self.shard_path(shard),
+                                  hint="run 'shardpack verify'")
+            buf = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ)) if size else \
+                memoryview(b"")
+        finally:
+            os.close(fd)
+        self._buffers[shard] = buf
+        if len(self._buffers) > self.MAX_OPEN_SHARDS:
+            self._buffers.popitem(last=False)
+        return buf
+
+    def sample_bytes(self, shard: int, row: int):
+        """The stored bytes of one sample: a slice of the memory map, or one ranged read."""
         index = self.index(shard)
         start, end = index.span(row)
+        buf = self.shard_buffer(shard)
+        if buf is not None:
+            return buf[start:end]
         data = self.storage.read_bytes(self.shards[shard]["name"], start, end)
         if len(data) != end - start:
             raise FormatError(f"truncated shard: wanted {end - start} bytes, got {len(data)}",
                               path=self.shard_path(shard), offset=start, key=index.key(row))
-        return decode_sample(index, row, data, self.shard_path(shard))
+        return data
+
+    def read(self, shard: int, row: int) -> dict:
+        return decode_sample(self.index(shard), row, self.sample_bytes(shard, row),
+                             self.shard_path(shard))
+
+    def read_sample(self, i: int) -> dict:
+        """Sample ``i`` of the dataset: a slice of a memory map (local) or one ranged read."""
+        return self.read(*self.locate(i))
 
     def iter_shard(self, shard: int):
         """Every sample of one shard, from one sequential read of the shard file."""

@@ -363,7 +363,17 @@ METHOD = """#### Method
   MDS: `MDSWriter(columns={'key': 'str', 'jpg': 'bytes', 'cls': 'int'}, size_limit=256e6,
   compression=None)`. LitData: `optimize(fn -> {'key', 'jpg': bytes, 'cls': int},
   chunk_bytes='256MB', num_workers=2)`. shardpack and webdataset run in `.venv`; MDS and LitData
-  in `.bench-venv`, made by `tools/bench_setup_peers.sh`."""
+  in `.bench-venv`, made by `tools/bench_setup_peers.sh`.
+- `.bench-venv` workaround: mosaicml-streaming and litdata both require torchvision, and pip
+  picks torchvision 0.28.0 from PyPI, built for the CUDA torch; beside the CPU wheel
+  `torch==2.13.0+cpu` its import fails with `RuntimeError: operator torchvision::nms does not
+  exist`, and `import streaming` fails with it (`streaming/__init__.py` imports
+  `streaming.vision`). Neither writer needs torchvision, so the setup script installs torch
+  2.13.0 first, keeps it pinned as a pip constraint (nothing can pull a CUDA torch), installs
+  the peers, then uninstalls torchvision (`pip check` complains; expected). LitData imports
+  torchvision only lazily for image serializers (unused: the benchmark writes bytes); the MDS
+  runner imports `streaming.base.MDSWriter` after registering a bare `streaming` package
+  object, so `streaming/__init__.py` and `streaming.vision` never run."""
 
 
 if __name__ == "__main__":

@@ -1,0 +1,282 @@
+"""Reader -> partition -> samples: the PyTorch datasets.
+
+``ShardDataset`` is an ``IterableDataset`` with exact-once epochs under DDP, a deterministic block +
+window shuffle, and resumable state; ``open_dataset`` gives map-style random access (``ds[i]``,
+``ds.get(key)``).  Order and partition come from :mod:`shardpack.partition` (pure functions); this
+module only reads what they say, lazily, in whichever process iterates.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import warnings
+from multiprocessing.context import get_spawning_popen
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from . import partition
+from .errors import ShardpackError
+from .reader import DatasetReader
+from .torchenv import IterableDataset, dist, placement
+
+STATE_VERSION = 1
+
+
+class ShardDataset(IterableDataset):
+    """Stream a packed dataset into a DataLoader.
+
+    Each rank yields ``len(ds)`` samples per epoch, the same for every rank.  Samples are dicts:
+    ``__key__`` (str), ``__index__`` (int, global sample id), ``__repeat__`` (bool, True for a
+    padding repeat) and one entry per field: ``bytes``, or whatever ``decode`` makes of them.
+
+    Pass ``batch_size`` equal to the DataLoader's: workers then take whole batches round-robin, the
+    loader's output is this rank's sequence in order, and ``state_dict(samples_seen=k)`` can resume
+    from any plain DataLoader.  With ``torchdata``'s ``StatefulDataLoader`` the loader's own
+    ``state_dict()`` carries each worker's position.
+    """
+
+    def __init__(self, path, *, shuffle: bool = True, seed: int = 0,
+                 fields: Sequence[str] | None = None, decode: Callable | None = None,
+                 transform: Callable | None = None, batch_size: int | None = None,
+                 partial: str = "pad", block_size: int = 256, shuffle_window: int = 4096,
+                 on_error: str = "raise", rank: int | None = None, world_size: int | None = None,
+                 storage_options: dict | None = None):
+        super().__init__()
+        if partial not in partition.PARTIAL_POLICIES:
+            raise ValueError(f"partial must be one of {partition.PARTIAL_POLICIES}, got "
+                             f"{partial!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.reader = DatasetReader(path, storage_options)
+        unknown = sorted(set(fields or ()) - set(self.reader.fields))
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}: the dataset has {self.reader.fields}")
+        self.path = str(path)
+        self.shuffle, self.seed, self.fields = shuffle, seed, tuple(fields) if fields else None
+        self.decode, self.transform = decode, transform
+        self.batch_size = batch_size or 1
+        self.partial, self.block_size, self.shuffle_window = partial, block_size, shuffle_window
+        self.on_error = on_error
+        self.rank, self.world_size = rank, world_size
+        self._dist: tuple[int, int] | None = None  # (rank, world) seen in the training process
+        self._capture_dist()
+        # set_epoch() writes here; workers (persistent ones included) read it at each __iter__.
+        # An anonymous shared page: it lives exactly as long as the processes holding it.
+        self._epoch = multiprocessing.get_context("fork").RawValue("q", -1)
+        self._local_epoch = 0   # epochs started in this process, used until set_epoch is called
+        self._resume: dict | None = None
+        self._running: dict | None = None  # what the current iteration in this process is doing
+        self.stats = {"yielded": 0, "skipped": 0, "repeats": 0, "dropped": 0}
+
+    # -- where am I -----------------------------------------------------------------------------
+    def _capture_dist(self) -> None:
+        """Remember rank and world while in the training process: DataLoader workers have no
+        process group, so they use what was seen here (at construction, set_epoch, len, or when
+        the dataset is sent to a worker)."""
+        if dist.is_available() and dist.is_initialized():
+            self._dist = dist.get_rank(), dist.get_world_size()
+
+    def _placement(self):
+        rank, world = self.rank, self.world_size
+        if self._dist is not None:
+            rank = self._dist[0] if rank is None else rank
+            world = self._dist[1] if world is None else world
+        return placement(rank, world)
+
+    # -- pickling into workers ----------------------------------------------------------------
+    def __getstate__(self):
+        self._capture_dist()
+        state = dict(self.__dict__)
+        if get_spawning_popen() is None:  # not being sent to a new process: plain int snapshot
+            state["_epoch"] = int(self._epoch.value)
+        return state
+
+    def __setstate__(self, state):
+        if isinstance(state["_epoch"], int):
+            value = state["_epoch"]
+            state["_epoch"] = multiprocessing.get_context("fork").RawValue("q", value)
+        self.__dict__.update(state)
+
+    # -- epochs and sizes ---------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order from the next iteration on, in this process and in every
+        DataLoader worker, persistent workers included."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._capture_dist()
+        self._epoch.value = epoch
+
+    @property
+    def epoch(self) -> int:
+        value = int(self._epoch.value)
+        return value if value >= 0 else self._local_epoch
+
+    def _shard_sizes(self) -> list[int]:
+        return [s["samples"] for s in self.reader.shards]
+
+    def __len__(self) -> int:
+        """Samples this rank yields in a full epoch (the same on every rank)."""
+        self._capture_dist()
+        where = self._placement()
+        n = len(self.reader)
+        return n // where.world if self.partial == "drop" else -(-n // where.world)
+
+    # -- state --------------------------------------------------------------------------------
+    def state_dict(self, samples_seen: int | None = None) -> dict:
+        """Where the epoch stands.
+
+        * ``samples_seen=k`` (any DataLoader, called in the training process): this rank has
+          consumed its first ``k`` samples of the current epoch.  Loadable with any world size
+          and worker count; with the same world size the rest comes in the same order.
+        * no argument, inside the iterating process (what ``StatefulDataLoader`` does in each
+          worker): this worker's own position."""
+        base = {"version": STATE_VERSION, "num_samples": len(self.reader), "seed": self.seed,
+                "shuffle": self.shuffle, "partial": self.partial, "block_size": self.block_size,
+                "shuffle_window": self.shuffle_window}
+        epoch, history = self._current()
+        if samples_seen is not None:
+            self._capture_dist()
+            where = self._placement()
+            return {**base, "epoch": epoch, "history": history + [[where.world, int(samples_seen)]],
+                    "worker": None}
+        running = self._running
+        if running is None or running["epoch"] != epoch:  # not iterating: what would run next
+            worker = self._resume.get("worker") if self._resume else None
+            return {**base, "epoch": epoch, "history": history, "worker": worker}
+        return {**base, "epoch": epoch, "history": history,
+                "worker": {"world": running["world"], "rank": running["rank"],
+                           "num_workers": running["num_workers"], "worker": running["worker"],
+                           "batch_size": self.batch_size, "yielded": running["yielded"]}}
+
+    def _current(self) -> tuple[int, list]:
+        """(epoch, resume history) of the epoch running or about to run in this process."""
+        epoch = self.epoch
+        if self._running is not None and self._running["epoch"] == epoch:
+            return epoch, [list(h) for h in self._running["history"]]
+        if self._resume is not None and self._resume["epoch"] == epoch:
+            return epoch, [list(h) for h in self._resume["history"]]
+        return epoch, []
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next iteration yields exactly what the saved epoch had left."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported state version: expected {STATE_VERSION}, found "
+                             f"{state.get('version')!r}")
+        for key in ("num_samples", "seed", "shuffle", "partial", "block_size", "shuffle_window"):
+            mine = len(self.reader) if key == "num_samples" else getattr(self, key)
+            if state[key] != mine:
+                raise ValueError(f"state was saved with {key}={state[key]!r}, this dataset has "
+                                 f"{mine!r}: resume needs the same dataset and order settings")
+        self._resume = {"epoch": state["epoch"], "history": [list(h) for h in state["history"]],
+                        "worker": state.get("worker")}
+        self._epoch.value = state["epoch"]
+
+    # -- iteration ----------------------------------------------------------------------------
+    def _share(self, where, epoch: int, history) -> partition.Share:
+        order = partition.epoch_order(self._shard_sizes(), seed=self.seed, epoch=epoch,
+                                      shuffle=self.shuffle, block_size=self.block_size,
+                                      window=self.shuffle_window)
+        share = partition.resume_sequences(order, history, where.world, self.partial)[where.rank]
+        return partition.worker_split(share, where.num_workers, where.worker, self.batch_size)
+
+    def __iter__(self) -> Iterator[dict]:
+        where = self._placement()
+        if int(self._epoch.value) < 0 and self._running is not None:
+            self._local_epoch += 1  # no set_epoch(): each new pass in this process moves on
+        epoch = self.epoch
+        resume, self._resume = self._resume, None
+        if resume is not None and resume["epoch"] != epoch:
+            resume = None  # saved for another epoch: set_epoch() moved past it
+        history = resume["history"] if resume else []
+        skip = 0
+        saved = resume.get("worker") if resume else None
+        if saved is not None:
+            same = (saved["world"], saved["rank"], saved["num_workers"], saved["worker"],
+                    saved["batch_size"]) == (where.world, where.rank, where.num_workers,
+                                             where.worker, self.batch_size)
+            if not same:
+                raise ShardpackError(
+                    f"a worker-level state (world {saved['world']}, {saved['num_workers']} "
+                    f"workers) can only resume the same layout, not world {where.world} with "
+                    f"{where.num_workers} workers",
+                    hint="for elastic resume save ds.state_dict(samples_seen=k) instead")
+            skip = saved["yielded"]
+        share = self._share(where, epoch, history)
+        running = {"epoch": epoch, "history": history, "world": where.world, "rank": where.rank,
+                   "num_workers": where.num_workers, "worker": where.worker, "yielded": skip}
+        self._running = running
+        self.stats["dropped"] = share.dropped
+        yield from self._samples(share, skip, running)
+
+    def _samples(self, share: partition.Share, skip: int, running: dict) -> Iterator[dict]:
+        reader = self.reader
+        ids = share.ids[skip:]
+        repeats = share.repeat[skip:]
+        shards = np.searchsorted(reader.offsets, ids, side="right") - 1
+        rows = ids - reader.offsets[shards]
+        fields = self.fields
+        for gid, shard, row, rep in zip(ids.tolist(), shards.tolist(), rows.tolist(),
+                                        repeats.tolist()):
+            running["yielded"] += 1
+            try:
+                sample = reader.read(shard, row)
+            except ShardpackError as exc:
+                if self.on_error == "raise":
+                    raise
+                self.stats["skipped"] += 1
+                warnings.warn(f"shardpack: skipped a bad sample ({exc}); "
+                              f"{self.stats['skipped']} skipped so far", stacklevel=2)
+                continue
+            if fields is not None:
+                sample = {k: v for k, v in sample.items() if k == "__key__" or k in fields}
+            sample["__index__"] = gid
+            sample["__repeat__"] = rep
+            self.stats["repeats"] += rep
+            if self.decode is not None:
+                sample = self.decode(sample)
+            if self.transform is not None:
+                sample = self.transform(sample)
+            self.stats["yielded"] += 1
+            yield sample
+
+
+class MapDataset:
+    """Map-style access to a packed dataset: ``ds[i]`` and ``ds.get(key)``, one ranged read (or
+    memory-map slice) per sample.  Works as a map-style dataset for ``DataLoader``."""
+
+    def __init__(self, path, *, decode: Callable | None = None,
+                 storage_options: dict | None = None):
+        self.reader = DatasetReader(path, storage_options)
+        self.decode = decode
+        self._keys: dict[str, int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, i: int) -> dict:
+        if i < 0:
+            i += len(self)
+        sample = self.reader.read_sample(i)
+        sample["__index__"] = i
+        return self.decode(sample) if self.decode else sample
+
+    def index_of(self, key: str) -> int:
+        if self._keys is None:  # built on first use: one dict over all keys
+            keys: dict[str, int] = {}
+            for shard in range(len(self.reader.shards)):
+                base = int(self.reader.offsets[shard])
+                for row, k in enumerate(self.reader.index(shard).keys()):
+                    keys[k] = base + row
+            self._keys = keys
+        try:
+            return self._keys[key]
+        except KeyError:
+            raise KeyError(f"no sample with key {key!r} in {self.reader.storage.url}") from None
+
+    def get(self, key: str) -> dict:
+        return self[self.index_of(key)]
+
+
+def open_dataset(path, **kwargs) -> MapDataset:
+    return MapDataset(path, **kwargs)

@@ -1,0 +1,150 @@
+"""Order and partition as pure functions: no I/O, no torch, no global state.
+
+An epoch's order is a function of (shard sizes, seed, epoch); each rank's share a function of that
+order and (world, rank, partial policy); each DataLoader worker's share a function of the rank's
+share and (num_workers, worker, batch_size).  Tests call these directly to prove exact-once without
+running a loader.
+
+* ``epoch_order``: shards are cut into blocks of ``block_size`` consecutive samples; blocks are
+  shuffled; then samples are shuffled inside consecutive windows of ``window`` samples.  Reads stay
+  within a few blocks at a time (bounded memory, mostly sequential), while a batch still mixes
+  samples from ``window / block_size`` different places of the dataset.
+* ``rank_split``: contiguous, equal-length chunks of the order, one per rank.  ``partial="pad"``
+  (default) repeats the first samples of the order to fill the last ranks, flagged as repeats;
+  ``partial="drop"`` drops the remainder.  Every rank yields exactly the same number of samples,
+  so no rank runs dry at epoch end and nobody hangs in a collective.
+* ``worker_split``: the rank's sequence in batches of ``batch_size``; batch ``b`` goes to worker
+  ``b % num_workers``.  A DataLoader polls workers round-robin, so its output is the rank's
+  sequence in order, which is what makes "consumed k samples" a prefix and resume exact.
+* ``resume_sequences``: the per-rank sequences left after ``history`` (a list of
+  ``(world, consumed_per_rank)`` steps), for any new world size: each remaining sample exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+PARTIAL_POLICIES = ("pad", "drop")
+
+
+@dataclass(frozen=True)
+class Share:
+    """One rank's (or worker's) samples: global sample ids and a flag for padding repeats."""
+
+    ids: np.ndarray      # int64 global sample indices, in yield order
+    repeat: np.ndarray   # bool, True where the sample repeats one given elsewhere (padding)
+    dropped: int = 0     # samples of the epoch dropped by partial="drop" (same for every rank)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, item) -> "Share":
+        return Share(self.ids[item], self.repeat[item], self.dropped)
+
+
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.default_rng([int(k) & 0xFFFF_FFFF_FFFF_FFFF for k in key])
+
+
+def epoch_order(shard_sizes: Sequence[int], *, seed: int = 0, epoch: int = 0,
+                shuffle: bool = True, block_size: int = 256, window: int = 4096) -> np.ndarray:
+    """The global sample order of one epoch (int64 ids, a permutation of range(N))."""
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    if not shuffle or total == 0:
+        return np.arange(total, dtype=np.int64)
+    if block_size < 1 or window < 1:
+        raise ValueError(f"block_size and window must be >= 1, got {block_size}, {window}")
+    rng = _rng(seed, epoch, 0x5348)
+    # blocks never straddle shards: cut each shard at multiples of block_size
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    block_starts = np.concatenate([s + np.arange(0, n, block_size) for s, n in zip(starts, sizes)
+                                   if n > 0])
+    block_ends = np.minimum(block_starts + block_size,
+                            np.repeat(starts + sizes, [-(-n // block_size) for n in sizes]))
+    perm = rng.permutation(len(block_starts))
+    lengths = (block_ends - block_starts)[perm]
+    firsts = block_starts[perm]
+    # expand blocks to sample ids without a Python loop
+    offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    order = np.repeat(firsts, lengths) + offsets
+    if window > 1:
+        keys = np.arange(total, dtype=np.int64) // window + rng.random(total)
+        order = order[np.argsort(keys, kind="stable")]
+    return order
+
+
+def rank_split(order: np.ndarray, world: int, rank: int, partial: str = "pad",
+               repeat: np.ndarray | None = None) -> Share:
+    """Rank ``rank``'s contiguous, equal-length share of ``order``."""
+    if partial not in PARTIAL_POLICIES:
+        raise ValueError(f"partial must be one of {PARTIAL_POLICIES}, got {partial!r}")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} out of range for world size {world}")
+    n = len(order)
+    if repeat is None:
+        repeat = np.zeros(n, dtype=bool)
+    if partial == "drop":
+        per = n // world
+        dropped = n - per * world
+    else:
+        per = -(-n // world)
+        dropped = 0
+        missing = per * world - n
+        if missing:
+            fill = np.resize(np.arange(n), missing) if n else np.zeros(0, dtype=np.int64)
+            order = np.concatenate([order, order[fill]])
+            repeat = np.concatenate([repeat, np.ones(missing, dtype=bool)])
+    return Share(order[rank * per:(rank + 1) * per], repeat[rank * per:(rank + 1) * per], dropped)
+
+
+def worker_split(share: Share, num_workers: int, worker: int, batch_size: int = 1) -> Share:
+    """Batches ``worker, worker + num_workers, ...`` of the rank's share."""
+    if num_workers <= 1:
+        return share
+    if not 0 <= worker < num_workers:
+        raise ValueError(f"worker {worker} out of range for {num_workers} workers")
+    batch_size = max(1, batch_size)
+    positions = np.arange(len(share))
+    mine = (positions // batch_size) % num_workers == worker
+    return share[mine]
+
+
+def worker_consumed(share: Share, num_workers: int, batch_size: int,
+                    per_worker: Sequence[int]) -> np.ndarray:
+    """Positions (in the rank's share) consumed when worker w has yielded ``per_worker[w]``."""
+    positions = np.arange(len(share))
+    owner = (positions // max(1, batch_size)) % max(1, num_workers)
+    taken = np.zeros(len(share), dtype=bool)
+    for w, count in enumerate(per_worker):
+        taken[np.flatnonzero(owner == w)[:count]] = True
+    return taken
+
+
+def resume_sequences(order: np.ndarray, history: Sequence[tuple[int, int]], world: int,
+                     partial: str = "pad") -> list[Share]:
+    """Per-rank shares for ``world`` ranks after the steps in ``history``.
+
+    Each step ``(w, k)`` means: the epoch ran on ``w`` ranks, each of which consumed the first
+    ``k`` samples of its share.  With the same world size as the last step, each rank continues
+    its own share where it stopped (same order as without the interruption).  With another world
+    size, the samples nobody consumed (padding repeats aside) are re-split, in order."""
+    shares = [rank_split(order, world if not history else history[0][0], r, partial)
+              for r in range(world if not history else history[0][0])]
+    for i, (w, k) in enumerate(history):
+        if len(shares) != w:
+            raise ValueError(f"resume history step {i} has world {w}, but {len(shares)} shares")
+        rest = [s[k:] for s in shares]
+        next_world = history[i + 1][0] if i + 1 < len(history) else world
+        if next_world == w:
+            shares = rest
+            continue
+        consumed = np.concatenate([s.ids[:k] for s in shares]) if k else np.zeros(0, np.int64)
+        ids = np.concatenate([s.ids[~s.repeat] for s in rest])
+        ids = ids[~np.isin(ids, consumed)]
+        ids = ids[np.sort(np.unique(ids, return_index=True)[1])]  # first occurrence, in order
+        shares = [rank_split(ids, next_world, r, partial) for r in range(next_world)]
+    return shares

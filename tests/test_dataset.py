@@ -1,0 +1,242 @@
+"""ShardDataset and open_dataset in real DataLoaders: exact-once, epochs, resume, errors."""
+
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import shardpack
+from shardpack import ShardDataset, collate, open_dataset
+from shardpack import partition as P
+from shardpack.errors import DatasetNotFoundError, FormatError, IntegrityError, VersionError
+
+from .conftest import make_tree
+
+N = 97  # prime: nothing divides evenly
+
+
+@pytest.fixture(scope="module", params=["tar", "msgpack"])
+def packed(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"ds-{request.param}")
+    files = {f"c{i % 3}/{i:03d}.bin": bytes([i % 256]) * (i + 1) for i in range(N)}
+    src = make_tree(root / "src", files)
+    shardpack.pack(src, root / "out", format=request.param, max_samples=40, workers=1)
+    return root / "out"
+
+
+def ids_of(loader_or_ds):
+    out = []
+    for item in loader_or_ds:
+        if isinstance(item, dict) and isinstance(item["__index__"], torch.Tensor):
+            out += item["__index__"].tolist()
+        else:
+            out.append(item["__index__"])
+    return out
+
+
+def expected_ids(ds, epoch, world=1, rank=0):
+    order = P.epoch_order([s["samples"] for s in ds.reader.shards], seed=ds.seed, epoch=epoch,
+                          shuffle=ds.shuffle, block_size=ds.block_size, window=ds.shuffle_window)
+    return P.resume_sequences(order, [], world, ds.partial)[rank].ids.tolist()
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_dataloader_exact_once_in_rank_order(packed, workers, batch_size):
+    ds = ShardDataset(packed, batch_size=batch_size, block_size=8, shuffle_window=32)
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=collate)
+    got = ids_of(loader)
+    assert sorted(got) == list(range(N)) and len(ds) == N
+    assert got == expected_ids(ds, 0)  # the loader's output is the rank's sequence, in order
+
+
+def test_samples_are_bytes_and_picklable(packed):
+    import pickle
+
+    sample = next(iter(ShardDataset(packed, shuffle=False)))
+    assert sample["__key__"] == "c0/000" and sample["bin"] == b"\x00"
+    assert sample["cls"] == b"0" and sample["__repeat__"] is False
+    assert all(type(v) in (str, bytes, int, bool) for v in sample.values())
+    pickle.dumps(sample)
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_ranks_get_equal_disjoint_shares(packed, world):
+    per_rank = [ids_of(ShardDataset(packed, rank=r, world_size=world, seed=5))
+                for r in range(world)]
+    assert len({len(p) for p in per_rank}) == 1
+    assert len(per_rank[0]) == len(ShardDataset(packed, rank=0, world_size=world))
+    flat = [i for p in per_rank for i in p]
+    assert set(flat) == set(range(N)) and len(flat) == -(-N // world) * world
+    drop = [ids_of(ShardDataset(packed, rank=r, world_size=world, partial="drop"))
+            for r in range(world)]
+    assert len({len(p) for p in drop}) == 1 and len(set(sum(drop, []))) == (N // world) * world
+
+
+def test_fields_selection_and_transform(packed):
+    ds = ShardDataset(packed, fields=["cls"], transform=lambda s: {**s, "label": int(s["cls"])})
+    sample = next(iter(ds))
+    assert "bin" not in sample and sample["label"] == int(sample["cls"])
+    with pytest.raises(ValueError, match="unknown fields"):
+        ShardDataset(packed, fields=["jpg"])
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_set_epoch_reaches_persistent_workers(packed, persistent):
+    ds = ShardDataset(packed, batch_size=4, block_size=8, shuffle_window=32)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=persistent,
+                        collate_fn=collate)
+    orders = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        orders.append(ids_of(loader))
+        assert orders[-1] == expected_ids(ds, epoch)
+    assert orders[0] != orders[1] != orders[2]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_same_layout(packed, workers):
+    B = 5
+    ds = ShardDataset(packed, batch_size=B, seed=9)
+    ds.set_epoch(3)
+    loader = DataLoader(ds, batch_size=B, num_workers=workers, collate_fn=collate)
+    full = ids_of(loader)
+    seen = []
+    for i, batch in enumerate(loader):
+        seen += batch["__index__"].tolist()
+        if i == 6:
+            break
+    state = json.loads(json.dumps(ds.state_dict(samples_seen=len(seen))))  # JSON-safe
+    fresh = ShardDataset(packed, batch_size=B, seed=9)
+    fresh.load_state_dict(state)
+    rest = ids_of(DataLoader(fresh, batch_size=B, num_workers=workers, collate_fn=collate))
+    assert seen + rest == full
+    fresh.set_epoch(4)  # the next epoch is whole again
+    assert sorted(ids_of(fresh)) == list(range(N))
+
+
+@pytest.mark.parametrize("new_world,new_workers", [(1, 3), (3, 0), (2, 2)])
+def test_elastic_resume(packed, new_world, new_workers):
+    B, old_world, k = 4, 2, 12
+    seen = []
+    states = []
+    for r in range(old_world):
+        ds = ShardDataset(packed, batch_size=B, rank=r, world_size=old_world)
+        seen += ids_of(ds)[:k]
+        states.append(ds.state_dict(samples_seen=k))
+    assert states[0] == states[1]  # one state for the whole job
+    rest = []
+    for r in range(new_world):
+        ds = ShardDataset(packed, batch_size=B, rank=r, world_size=new_world)
+        ds.load_state_dict(states[0])
+        rest += [(i, rep) for b in DataLoader(ds, batch_size=B, num_workers=new_workers,
+                                              collate_fn=collate)
+                 for i, rep in zip(b["__index__"].tolist(), b["__repeat__"].tolist())]
+    fresh = [i for i, rep in rest if not rep]
+    assert sorted(seen + fresh) == list(range(N))
+
+
+def test_stateful_dataloader_resume(packed):
+    tdl = pytest.importorskip("torchdata.stateful_dataloader")
+    B = 4
+
+    def make():
+        ds = ShardDataset(packed, batch_size=B, seed=2)
+        return tdl.StatefulDataLoader(ds, batch_size=B, num_workers=2, collate_fn=collate)
+
+    full = ids_of(make())
+    loader = make()
+    seen = []
+    for i, batch in enumerate(loader):
+        seen += batch["__index__"].tolist()
+        if i == 4:
+            state = loader.state_dict()
+            break
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert seen + ids_of(resumed) == full
+
+
+def test_map_style_access(packed):
+    ds = open_dataset(packed)
+    assert len(ds) == N
+    assert ds[5]["__key__"] == "c0/015" and ds[5]["bin"] == bytes([15]) * 16  # stored order
+    assert ds.get("c1/010")["bin"] == bytes([10]) * 11 and ds[-1]["__index__"] == N - 1
+    with pytest.raises(KeyError, match="no sample with key 'nope'"):
+        ds.get("nope")
+    batch = next(iter(DataLoader(ds, batch_size=7, collate_fn=collate, num_workers=1)))
+    assert batch["bin"].item(3) == bytes([9]) * 10 and batch["__key__"][3] == "c0/009"
+
+
+def test_collate_bytes_batch():
+    samples = [{"__key__": "a", "jpg": b"xy", "cls": b"3", "__index__": 0, "__repeat__": False},
+               {"__key__": "b", "jpg": b"", "cls": b"11", "__index__": 1, "__repeat__": True}]
+    batch = collate(samples)
+    assert batch["__key__"] == ["a", "b"] and batch["cls"].tolist() == [3, 11]
+    assert batch["jpg"].data.dtype == torch.uint8 and batch["jpg"].offsets.tolist() == [0, 2, 2]
+    assert batch["jpg"].items() == [b"xy", b""] and batch["__repeat__"].tolist() == [False, True]
+    batch = collate([{"jpg": b"a", "json": b"{}"}, {"jpg": b"b"}])
+    assert batch["json"].items() == [b"{}", b""]
+
+
+def _copy(packed, tmp_path):
+    import shutil
+
+    shutil.copytree(packed, tmp_path / "copy")
+    return tmp_path / "copy"
+
+
+def test_missing_shard_names_it(packed, tmp_path):
+    ds_path = _copy(packed, tmp_path)
+    victim = sorted(p for p in ds_path.iterdir() if p.suffix in (".tar", ".spk"))[1]
+    victim.unlink()
+    with pytest.raises(DatasetNotFoundError, match=victim.name):
+        ids_of(ShardDataset(ds_path, shuffle=False))
+
+
+def test_truncated_shard_names_it(packed, tmp_path):
+    ds_path = _copy(packed, tmp_path)
+    victim = sorted(p for p in ds_path.iterdir() if p.suffix in (".tar", ".spk"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])
+    with pytest.raises(FormatError, match=f"{victim.name}.*truncated"):
+        ids_of(ShardDataset(ds_path))
+
+
+def test_bad_crc_is_caught_or_skipped(tmp_path):
+    src = make_tree(tmp_path / "src", {f"{i}.bin": bytes([i]) * 50 for i in range(10)})
+    out = tmp_path / "out"
+    shardpack.pack(src, out, format="msgpack", workers=1)
+    shard = out / "shard-00000.spk"
+    data = bytearray(shard.read_bytes())
+    data[16 + 24 + 20] ^= 0xFF  # inside the first record's payload
+    shard.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"shard-00000.spk, sample '0', offset 16: .*CRC"):
+        ids_of(ShardDataset(out, shuffle=False))
+    ds = ShardDataset(out, shuffle=False, on_error="skip")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = ids_of(ds)
+    assert got == list(range(1, 10)) and ds.stats["skipped"] == 1
+    assert any("skipped a bad sample" in str(w.message) for w in caught)
+
+
+def test_version_mismatch_is_named(packed, tmp_path):
+    ds_path = _copy(packed, tmp_path)
+    manifest = json.loads((ds_path / "shardpack.json").read_text())
+    manifest["version"] = 2
+    (ds_path / "shardpack.json").write_text(json.dumps(manifest))
+    with pytest.raises(VersionError, match="expected 1, found 2"):
+        ShardDataset(ds_path)
+
+
+def test_state_version_and_settings_are_checked(packed):
+    ds = ShardDataset(packed)
+    state = ds.state_dict(samples_seen=3)
+    with pytest.raises(ValueError, match="seed"):
+        ShardDataset(packed, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="state version"):
+        ds.load_state_dict({**state, "version": 99})

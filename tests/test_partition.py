@@ -1,0 +1,119 @@
+"""Order and partition as pure functions: exact-once, equal counts, determinism, resume."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from shardpack import partition as P
+
+PRIMES = [1, 2, 7, 13, 101, 997]
+
+
+def all_shares(sizes, world, workers, batch_size=1, partial="pad", seed=0, epoch=0,
+               history=()):
+    order = P.epoch_order(sizes, seed=seed, epoch=epoch, block_size=4, window=16)
+    ranks = P.resume_sequences(order, list(history), world, partial)
+    return order, [[P.worker_split(r, max(workers, 1), w, batch_size)
+                    for w in range(max(workers, 1))] for r in ranks]
+
+
+@pytest.mark.parametrize("n", PRIMES)
+@pytest.mark.parametrize("world", range(1, 9))
+@pytest.mark.parametrize("workers", range(0, 5))
+def test_exact_once_and_equal_counts(n, world, workers):
+    sizes = [n] if n < 50 else [n // 3, n // 3, n - 2 * (n // 3)]  # fewer shards than workers
+    order, ranks = all_shares(sizes, world, workers, batch_size=3)
+    assert sorted(order.tolist()) == list(range(n))
+    per_rank = [sum(len(w) for w in r) for r in ranks]
+    assert len(set(per_rank)) == 1 and per_rank[0] == -(-n // world)  # pad: ceil
+    fresh = np.concatenate([w.ids[~w.repeat] for r in ranks for w in r])
+    assert sorted(fresh.tolist()) == list(range(n))  # every sample exactly once, repeats flagged
+    repeats = sum(int(w.repeat.sum()) for r in ranks for w in r)
+    assert repeats == per_rank[0] * world - n
+
+
+@pytest.mark.parametrize("n,world", [(13, 4), (997, 8), (5, 8)])
+def test_drop_policy_counts_what_it_drops(n, world):
+    _, ranks = all_shares([n], world, 2, partial="drop")
+    got = np.concatenate([w.ids for r in ranks for w in r])
+    assert len(got) == (n // world) * world and len(set(got.tolist())) == len(got)
+    assert ranks[0][0].dropped == n - len(got)
+    assert not any(w.repeat.any() for r in ranks for w in r)
+
+
+def test_deterministic_and_epochs_differ():
+    sizes = [300, 200, 500]
+    a = P.epoch_order(sizes, seed=1, epoch=0)
+    assert np.array_equal(a, P.epoch_order(sizes, seed=1, epoch=0))
+    assert not np.array_equal(a, P.epoch_order(sizes, seed=1, epoch=1))
+    assert not np.array_equal(a, P.epoch_order(sizes, seed=2, epoch=0))
+    assert np.array_equal(P.epoch_order(sizes, shuffle=False), np.arange(1000))
+
+
+def test_shuffle_keeps_blocks_local_but_mixes_batches():
+    sizes = [10_240] * 10  # whole blocks of 256
+    order = P.epoch_order(sizes, seed=0, block_size=256, window=4096)
+    # within a window of 4096 samples, at most ~4096/256 + 1 blocks are touched
+    blocks = order // 256
+    for start in range(0, len(order), 4096):
+        assert len(np.unique(blocks[start:start + 4096])) <= 4096 // 256 + 1
+    # a batch of 256 draws from many shards, not one
+    shard_of = order // 10_240
+    mixes = [len(np.unique(shard_of[i:i + 256])) for i in range(0, len(order), 256)]
+    assert np.mean(mixes) > 5
+
+
+def test_worker_split_makes_the_loader_order_the_rank_order():
+    """Round-robin over workers, batch by batch, re-creates the rank's sequence."""
+    _, ranks = all_shares([101], 1, 3, batch_size=4)
+    workers = ranks[0]
+    streams = [list(w.ids) for w in workers]
+    merged = []
+    active = list(range(3))
+    while active:
+        for w in list(active):
+            batch, streams[w] = streams[w][:4], streams[w][4:]
+            if not batch:
+                active.remove(w)
+                continue
+            merged += batch
+    rank_seq = P.resume_sequences(P.epoch_order([101], block_size=4, window=16), [], 1)[0]
+    assert merged == list(rank_seq.ids)
+
+
+@pytest.mark.parametrize("old_world,new_world", list(itertools.product([1, 2, 3], [1, 2, 5])))
+@pytest.mark.parametrize("k", [0, 1, 17])
+def test_resume_yields_each_remaining_sample_once(old_world, new_world, k):
+    n = 211
+    order = P.epoch_order([100, 111], seed=3, block_size=8, window=32)
+    before = P.resume_sequences(order, [], old_world)
+    consumed = set(np.concatenate([s.ids[:k] for s in before]).tolist())
+    after = P.resume_sequences(order, [(old_world, k)], new_world)
+    fresh = np.concatenate([s.ids[~s.repeat] for s in after]).tolist()
+    assert len(fresh) == len(set(fresh))
+    assert set(fresh) == set(range(n)) - consumed
+    assert len({len(s) for s in after}) == 1  # still equal counts per rank
+    if new_world == old_world:  # same layout: the same order, continued
+        for b, a in zip(before, after):
+            assert list(a.ids) == list(b.ids[k:])
+
+
+def test_chained_elastic_resumes():
+    order = P.epoch_order([500], seed=0, block_size=8, window=32)
+    seen = []
+    history = []
+    for world, k in [(2, 30), (3, 20), (1, 50)]:
+        shares = P.resume_sequences(order, history, world)
+        seen += [i for s in shares for i, rep in zip(s.ids[:k], s.repeat[:k]) if not rep]
+        history.append((world, k))
+    shares = P.resume_sequences(order, history, 4)
+    seen += [i for s in shares for i, rep in zip(s.ids, s.repeat) if not rep]
+    assert sorted(seen) == list(range(500))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="partial"):
+        P.rank_split(np.arange(3), 2, 0, "wrap")
+    with pytest.raises(ValueError, match="rank 2"):
+        P.rank_split(np.arange(3), 2, 2)
