@@ -41,7 +41,7 @@ class ShardDataset(IterableDataset):
                  transform: Callable | None = None, batch_size: int | None = None,
                  partial: str = "pad", block_size: int = 256, shuffle_window: int = 4096,
                  on_error: str = "raise", rank: int | None = None, world_size: int | None = None,
-                 storage_options: dict | None = None):
+                 batched: bool = False, storage_options: dict | None = None):
         super().__init__()
         if partial not in partition.PARTIAL_POLICIES:
             raise ValueError(f"partial must be one of {partition.PARTIAL_POLICIES}, got "
@@ -58,6 +58,9 @@ class ShardDataset(IterableDataset):
         self.batch_size = batch_size or 1
         self.partial, self.block_size, self.shuffle_window = partial, block_size, shuffle_window
         self.on_error = on_error
+        self.batched = batched
+        if batched and not batch_size:
+            raise ValueError("batched=True needs a batch_size")
         self.rank, self.world_size = rank, world_size
         self._dist: tuple[int, int] | None = None  # (rank, world) seen in the training process
         self._capture_dist()
@@ -207,9 +210,45 @@ class ShardDataset(IterableDataset):
                    "num_workers": where.num_workers, "worker": where.worker, "yielded": skip}
         self._running = running
         self.stats["dropped"] = share.dropped
-        yield from self._samples(share, skip, running)
+        if self.batched:
+            yield from self._batches(share, skip, running)
+        else:
+            yield from self._samples(share, skip, running)
 
-    def _samples(self, share: partition.Share, skip: int, running: dict) -> Iterator[dict]:
+    def _batches(self, share: partition.Share, skip: int, running: dict) -> Iterator[dict]:
+        """Whole batches, gathered straight into (shared-memory) tensors: the fast path."""
+        from .batches import collate, gather_batch
+        from .torchenv import get_worker_info
+
+        shared = get_worker_info() is not None
+        size = self.batch_size
+        for start in range(skip, len(share), size):
+            part = share[start:start + size]
+            batch = None
+            try:
+                batch = gather_batch(self.reader, part.ids, part.repeat, self.fields, shared)
+            except ShardpackError:
+                if self.on_error == "raise":
+                    raise
+            if batch is None:  # remote, compressed, or a bad sample to skip: sample by sample
+                inner = dict(running, yielded=0)
+                samples = list(self._samples(part, 0, inner, raw=True))
+                if not samples:
+                    running["yielded"] = start + len(part)
+                    continue
+                batch = collate(samples)
+            else:
+                self.stats["yielded"] += len(part)
+                self.stats["repeats"] += int(part.repeat.sum())
+            running["yielded"] = start + len(part)
+            if self.decode is not None:
+                batch = self.decode(batch)
+            if self.transform is not None:
+                batch = self.transform(batch)
+            yield batch
+
+    def _samples(self, share: partition.Share, skip: int, running: dict,
+                 raw: bool = False) -> Iterator[dict]:
         reader = self.reader
         ids = share.ids[skip:]
         repeats = share.repeat[skip:]
@@ -233,9 +272,9 @@ class ShardDataset(IterableDataset):
             sample["__index__"] = gid
             sample["__repeat__"] = rep
             self.stats["repeats"] += rep
-            if self.decode is not None:
+            if self.decode is not None and not raw:
                 sample = self.decode(sample)
-            if self.transform is not None:
+            if self.transform is not None and not raw:
                 sample = self.transform(sample)
             self.stats["yielded"] += 1
             yield sample

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-__all__ = ["IterableDataset", "Placement", "dist", "placement", "torch"]
+__all__ = ["IterableDataset", "Placement", "dist", "get_worker_info", "placement", "torch"]
 
 
 @dataclass(frozen=True)
