@@ -15,7 +15,7 @@ from .errors import (  # noqa: E402
 from .pack import PackSummary, pack  # noqa: E402
 from .reader import DatasetReader, open_reader  # noqa: E402
 
-_TORCH_API = {"ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
+_TORCH_API = {"Batch": "batches", "ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
               "BytesBatch": "batches", "collate": "batches", "pack_bytes": "batches"}
 
 
@@ -28,6 +28,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'shardpack' has no attribute {name!r}")
 
 __all__ = [
+    "Batch",
     "BytesBatch",
     "DatasetNotFoundError",
     "DatasetReader",
