@@ -15,6 +15,7 @@ from shardpack import partition as P
 from shardpack.errors import DatasetNotFoundError, FormatError, IntegrityError, VersionError
 
 from .conftest import make_tree
+from .stateful import assert_resumes
 
 N = 97  # prime: nothing divides evenly
 
@@ -140,25 +141,47 @@ def test_elastic_resume(packed, new_world, new_workers):
     assert sorted(seen + fresh) == list(range(N))
 
 
-def test_stateful_dataloader_resume(packed):
+def _loader_ids(batch):
+    return batch["__index__"].tolist()
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_stateful_dataloader_resume(packed, batched):
     tdl = pytest.importorskip("torchdata.stateful_dataloader")
     B = 4
 
     def make():
-        ds = ShardDataset(packed, batch_size=B, seed=2)
-        return tdl.StatefulDataLoader(ds, batch_size=B, num_workers=2, collate_fn=collate)
+        ds = ShardDataset(packed, batch_size=B, seed=2, batched=batched)
+        return tdl.StatefulDataLoader(ds, batch_size=None if batched else B, num_workers=2,
+                                      collate_fn=None if batched else collate)
 
-    full = ids_of(make())
-    loader = make()
-    seen = []
-    for i, batch in enumerate(loader):
-        seen += batch["__index__"].tolist()
-        if i == 4:
-            state = loader.state_dict()
-            break
-    resumed = make()
-    resumed.load_state_dict(state)
-    assert seen + ids_of(resumed) == full
+    def save(loader, consumed, samples):
+        return _plain(loader.state_dict())
+
+    assert_resumes(make, save, lambda loader, state: loader.load_state_dict(state),
+                   _loader_ids, points=(0, 2, 5))
+
+
+def _plain(obj):
+    """StatefulDataLoader states are plain data already; make tuples JSON-comparable."""
+    return json.loads(json.dumps(obj))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_generic_state_roundtrip_plain_dataloader(packed, workers):
+    B = 6
+    holder = {}
+
+    def make():
+        ds = ShardDataset(packed, batch_size=B, seed=7, batched=True)
+        holder["ds"] = ds
+        return DataLoader(ds, batch_size=None, num_workers=workers)
+
+    def save(loader, consumed, samples):
+        return loader.dataset.state_dict(samples_seen=samples)
+
+    assert_resumes(make, save, lambda loader, state: loader.dataset.load_state_dict(state),
+                   _loader_ids, points=(0, 1, 4))
 
 
 def test_map_style_access(packed):
@@ -254,26 +277,6 @@ def test_batched_mode_matches_sample_mode(packed, workers):
         assert x["__key__"] == y["__key__"] and torch.equal(x["__index__"], y["__index__"])
         assert torch.equal(x["cls"], y["cls"]) and x["bin"].items() == y["bin"].items()
         assert torch.equal(x["bin"].offsets, y["bin"].offsets)
-
-
-def test_batched_mode_resumes_through_stateful_dataloader(packed):
-    tdl = pytest.importorskip("torchdata.stateful_dataloader")
-
-    def make():
-        return tdl.StatefulDataLoader(ShardDataset(packed, batch_size=4, batched=True),
-                                      batch_size=None, num_workers=2)
-
-    full = ids_of(make())
-    loader = make()
-    seen = []
-    for i, batch in enumerate(loader):
-        seen += batch["__index__"].tolist()
-        if i == 6:
-            state = loader.state_dict()
-            break
-    resumed = make()
-    resumed.load_state_dict(state)
-    assert seen + ids_of(resumed) == full
 
 
 def test_batch_pickles_small_tensors_inline():
