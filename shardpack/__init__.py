@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
     DatasetNotFoundError,
+    DecodeError,
     FormatError,
     IntegrityError,
     PackError,
@@ -15,7 +16,7 @@ from .errors import (  # noqa: E402
 from .pack import PackSummary, pack  # noqa: E402
 from .reader import DatasetReader, open_reader  # noqa: E402
 
-_TORCH_API = {"Batch": "batches", "ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
+_TORCH_API = {"CpuDecode": "decode", "DeviceLoader": "device", "Batch": "batches", "ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
               "BytesBatch": "batches", "collate": "batches", "pack_bytes": "batches"}
 
 
@@ -30,8 +31,11 @@ def __getattr__(name):
 __all__ = [
     "Batch",
     "BytesBatch",
+    "CpuDecode",
     "DatasetNotFoundError",
     "DatasetReader",
+    "DecodeError",
+    "DeviceLoader",
     "FormatError",
     "IntegrityError",
     "MapDataset",

@@ -210,6 +210,9 @@ class ShardDataset(IterableDataset):
                    "num_workers": where.num_workers, "worker": where.worker, "yielded": skip}
         self._running = running
         self.stats["dropped"] = share.dropped
+        for stage in (self.decode, self.transform):
+            if hasattr(stage, "epoch"):  # stateful stages (random crops) follow the epoch
+                stage.epoch = epoch
         if self.batched:
             yield from self._batches(share, skip, running)
         else:

@@ -67,12 +67,17 @@ class DatasetNotFoundError(ShardpackError, FileNotFoundError):
     """A dataset, shard or sample that should exist does not."""
 
 
+class DecodeError(ShardpackError, ValueError):
+    """An image field that cannot be decoded (corrupt, truncated, unsupported)."""
+
+
 class UnsafePathError(ShardpackError, ValueError):
     """A name that would write outside the output folder (absolute, '..', link, device)."""
 
 
 __all__ = [
     "DatasetNotFoundError",
+    "DecodeError",
     "FormatError",
     "IntegrityError",
     "PackError",

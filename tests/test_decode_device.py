@@ -1,0 +1,175 @@
+"""CPU decode against the Pillow reference; DeviceLoader on CPU; GPU paths skip without CUDA."""
+
+import io
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+import shardpack
+from shardpack import DeviceLoader, ShardDataset
+from shardpack.decode import CpuDecode, CropOptions, _Random, decode_image, reference_decode
+from shardpack.errors import DecodeError
+
+from .conftest import make_tree
+from .stateful import assert_resumes
+
+
+def _photo(seed, w, h, fmt="JPEG"):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    # smooth content plus a little noise, like a photo (pure noise makes every resize differ)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * (seed + 1)) % 256, (y * 3) % 256, ((x + y) * 2) % 256], -1)
+    arr = np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def photos():
+    sizes = [(500, 375), (375, 500), (640, 480), (1200, 900), (300, 260), (2000, 1500)]
+    return [_photo(i, w, h) for i, (w, h) in enumerate(sizes * 3)]
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_fast_decode_matches_pillow_reference(photos, train):
+    opts = CropOptions(size=224, train=train)
+    means = []
+    for i, data in enumerate(photos):
+        fast = decode_image(data, opts, _Random(0, 0, i))
+        ref = reference_decode(data, opts, _Random(0, 0, i))
+        assert fast.shape == ref.shape == (224, 224, 3) and fast.dtype == np.uint8
+        means.append(np.abs(fast.astype(int) - ref.astype(int)).mean())
+    # DCT-scaled decode (the 1200 and 2000 px images) and a different resize kernel differ a
+    # little from a full-resolution Pillow decode; a wrong crop or flip differs by ~40-60
+    assert np.mean(means) < 4 and max(means) < 10, means
+
+
+def test_crops_are_deterministic_per_epoch_and_index(photos):
+    opts = CropOptions(size=64)
+    a = decode_image(photos[0], opts, _Random(3, 1, 42))
+    assert np.array_equal(a, decode_image(photos[0], opts, _Random(3, 1, 42)))
+    others = [decode_image(photos[0], opts, _Random(3, e, i)) for e, i in [(2, 42), (1, 43)]]
+    assert not any(np.array_equal(a, o) for o in others)
+
+
+def test_png_and_corrupt_input(photos):
+    png = _photo(1, 300, 200, "PNG")
+    assert decode_image(png, CropOptions(size=32), None).shape == (32, 32, 3)
+    with pytest.raises(DecodeError, match="cannot decode JPEG"):
+        decode_image(b"\xff\xd8garbage", CropOptions(), None)
+    with pytest.raises(DecodeError, match="cannot decode image"):
+        decode_image(b"not an image", CropOptions(), None)
+
+
+@pytest.fixture(scope="module")
+def image_ds(tmp_path_factory, photos):
+    root = tmp_path_factory.mktemp("imgs")
+    files = {f"c{i % 2}/{i:03d}.jpg": photos[i % len(photos)] for i in range(30)}
+    files["c0/bad.jpg"] = b"\xff\xd8 broken"
+    src = make_tree(root / "src", files)
+    shardpack.pack(src, root / "ds", workers=1, max_samples=12)
+    return root / "ds"
+
+
+def test_cpu_decode_stage_in_workers(image_ds):
+    ds = ShardDataset(image_ds, batch_size=8, batched=True,
+                      decode=CpuDecode(64, on_error="skip"))
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    batches = list(loader)
+    images = torch.cat([b["image"] for b in batches])
+    assert images.shape == (31, 64, 64, 3) and images.dtype == torch.uint8
+    bad = torch.cat([b["__bad__"] for b in batches])
+    keys = sum((b["__key__"] for b in batches), [])
+    assert bad.sum() == 1 and keys[int(bad.nonzero()[0, 0])] == "c0/bad"
+    strict = ShardDataset(image_ds, batch_size=8, batched=True, decode=CpuDecode(64),
+                          shuffle=False)
+    with pytest.raises(DecodeError, match="sample 'c0/bad'"):
+        list(strict)
+
+
+def test_device_loader_cpu_same_samples_in_order(image_ds):
+    ds = ShardDataset(image_ds, batch_size=8, batched=True, decode=CpuDecode(32, on_error="skip"))
+    plain = [b["__index__"].tolist() for b in DataLoader(ds, batch_size=None, num_workers=2)]
+    dl = DeviceLoader(DataLoader(ds, batch_size=None, num_workers=2), device="cpu",
+                      decode="cpu", size=32)
+    got = []
+    for batch in dl:
+        got.append(batch["__index__"].tolist())
+        img = batch["image"]
+        assert img.shape[1:] == (3, 32, 32) and img.dtype == torch.float32
+        assert img.is_contiguous(memory_format=torch.channels_last)
+        assert -3 < float(img.mean()) < 3  # normalised
+    assert got == plain and dl.stats["samples"] == 31
+
+
+class _Slow(IterableDataset):
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __iter__(self):
+        for i in range(self.n):
+            time.sleep(self.delay)
+            yield {"__index__": torch.tensor([i])}
+
+
+def test_wait_accounting():
+    # data takes 50 ms a batch, the consumer 10 ms: it waits ~80% of the time
+    dl = DeviceLoader(DataLoader(_Slow(10, 0.05), batch_size=None), device="cpu")
+    for _ in dl:
+        time.sleep(0.01)
+    assert 0.65 < dl.wait_fraction < 0.95, dl.stats
+    # data is instant, the consumer slow: it (almost) never waits
+    dl = DeviceLoader(DataLoader(_Slow(10, 0.0), batch_size=None), device="cpu", prefetch=4)
+    for _ in dl:
+        time.sleep(0.03)
+    assert dl.wait_fraction < 0.1, dl.stats
+
+
+def test_device_loader_errors_reach_the_consumer():
+    class Broken(IterableDataset):
+        def __iter__(self):
+            yield {"__index__": torch.tensor([0])}
+            raise RuntimeError("boom in the pipeline")
+
+    dl = DeviceLoader(DataLoader(Broken(), batch_size=None), device="cpu")
+    with pytest.raises(RuntimeError, match="boom"):
+        list(dl)
+
+
+def test_device_loader_state_roundtrip(image_ds):
+    def make():
+        ds = ShardDataset(image_ds, batch_size=4, batched=True, seed=1)
+        return DeviceLoader(DataLoader(ds, batch_size=None, num_workers=1), device="cpu")
+
+    assert_resumes(make, lambda dl, consumed, samples: dl.state_dict(),
+                   lambda dl, state: dl.load_state_dict(state),
+                   lambda b: b["__index__"].tolist(), points=(0, 2, 5))
+
+
+def test_gpu_decode_refused_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device exists")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        DeviceLoader([], device="cpu", decode="gpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_decode_close_to_cpu(image_ds):
+    pytest.importorskip("torchvision")
+    ds = ShardDataset(image_ds, batch_size=8, batched=True, shuffle=False)
+    gpu = DeviceLoader(DataLoader(ds, batch_size=None), device="cuda", decode="gpu", size=64,
+                       normalize=False)
+    cpu_ds = ShardDataset(image_ds, batch_size=8, batched=True, shuffle=False,
+                          decode=CpuDecode(64, on_error="skip"))
+    cpu = DeviceLoader(DataLoader(cpu_ds, batch_size=None), device="cuda", decode="cpu",
+                       normalize=False)
+    for g, c in zip(gpu, cpu):
+        diff = (g["image"].float() - c["image"].float()).abs().mean()
+        assert diff < 6
+    assert gpu.stats["cpu_fallbacks"] == 1  # the broken JPEG
