@@ -201,5 +201,43 @@ def unpack(dataset, out, quiet):
     click.echo(f"unpacked {count:,} files into {out}")
 
 
+@main.command()
+@click.argument("dataset", required=False)
+@click.option("--files", "files", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Run the same pipeline over an unpacked file tree instead (ImageFolder or any "
+                   "files), to compare with the packed DATASET.")
+@click.option("--decode", type=click.Choice(["none", "cpu", "gpu"]), default="none",
+              show_default=True, help="none: bytes only; cpu: decode + crop in the workers; "
+              "gpu: nvJPEG on the device (needs CUDA and torchvision).")
+@click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--size", type=click.IntRange(min=8), default=224, show_default=True,
+              help="Output image side when decoding.")
+@click.option("--step-ms", type=click.FloatRange(min=0), default=0.0,
+              help="Simulate a training step of this many ms per batch and report the fraction "
+                   "of wall time spent waiting for data.")
+@click.option("--batches", type=click.IntRange(min=1), default=None,
+              help="Stop after this many batches [default: one epoch].")
+@click.option("--device", default=None, help="cpu or cuda [default: cuda if available].")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def bench(dataset, files, decode, workers, batch_size, size, step_ms, batches, device, quiet):
+    """Measure the real loading pipeline on DATASET: samples/s, MB/s, time to first batch, and
+    with --step-ms how long a training step would wait for data."""
+    from .bench import BenchOptions, run
+    from .torchenv import torch
+
+    if (dataset is None) == (files is None):
+        raise ShardpackError("give a DATASET or --files SRC_DIR (one of them)")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if decode == "gpu" and not device.startswith("cuda"):
+        raise ShardpackError("--decode gpu needs a CUDA device; this machine has none",
+                             hint="use --decode cpu")
+    opts = BenchOptions(decode=decode, workers=workers, batch_size=batch_size, size=size,
+                        step_ms=step_ms, batches=batches, device=device)
+    result = run(dataset, opts, files=files, progress=not quiet and sys.stderr.isatty())
+    for line in result.lines():
+        click.echo(line)
+
+
 if __name__ == "__main__":
     main()

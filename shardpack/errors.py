@@ -14,6 +14,9 @@ class ShardpackError(Exception):
 
     def __init__(self, message: str, *, path: str | None = None, offset: int | None = None,
                  key: str | None = None, hint: str | None = None):
+        if "Original Traceback" in message:  # re-raised by a DataLoader: keep the real error
+            marker = f"{type(self).__module__}.{type(self).__name__}: "
+            message = "in a DataLoader worker: " + message.rsplit(marker, 1)[-1].strip()
         self.message = message
         self.path = path
         self.offset = offset

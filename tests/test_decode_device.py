@@ -91,6 +91,8 @@ def test_cpu_decode_stage_in_workers(image_ds):
                           shuffle=False)
     with pytest.raises(DecodeError, match="sample 'c0/bad'"):
         list(strict)
+    with pytest.raises(DecodeError, match=r"^in a DataLoader worker: sample 'c0/bad': cannot "):
+        list(DataLoader(strict, batch_size=None, num_workers=1))
 
 
 def test_device_loader_cpu_same_samples_in_order(image_ds):
@@ -173,3 +175,24 @@ def test_gpu_decode_close_to_cpu(image_ds):
         diff = (g["image"].float() - c["image"].float()).abs().mean()
         assert diff < 6
     assert gpu.stats["cpu_fallbacks"] == 1  # the broken JPEG
+
+
+def test_bench_command_end_to_end(image_ds, tmp_path):
+    from .conftest import run_cli
+
+    out = run_cli("bench", image_ds, "--batch-size", "8", "--workers", "1", "--decode", "cpu",
+                  "--size", "32", "--step-ms", "1", "-q").output
+    assert "samples/s" in out and "(31 samples, 4 batches" in out and "waiting" in out
+    assert "undecodable  1 images" in out
+    from shardpack.unpack import unpack
+
+    unpacked = tmp_path / "files"
+    unpack(image_ds, unpacked)
+    for cls_file in unpacked.rglob("*.cls"):  # back to a plain ImageFolder tree
+        cls_file.unlink()
+    out = run_cli("bench", "--files", unpacked, "--batch-size", "8", "--workers", "0",
+                  "--batches", "2", "-q").output
+    assert "(16 samples, 2 batches" in out
+    result = run_cli("bench", image_ds, "--decode", "gpu", "-q", ok=None)
+    if not torch.cuda.is_available():
+        assert result.exit_code == 2 and "needs a CUDA device" in result.output
