@@ -199,10 +199,11 @@ class DeviceLoader:
                 for (i, rnd), img in zip(plan, images):
                     h, w = img.shape[1:]
                     top, left, ch, cw = crop_box(h, w, self.opts, rnd)
-                    crop = img[None, :, top:top + ch, left:left + cw]
+                    crop = img[None, :, top:top + ch, left:left + cw].float()
                     res = torch.nn.functional.interpolate(
                         crop, size=(self.opts.size, self.opts.size), mode="bilinear",
-                        antialias=True, align_corners=False)[0]
+                        antialias=True, align_corners=False)[0].round_().clamp_(0, 255)
+                    res = res.to(torch.uint8)
                     if _flip(rnd, self.opts):
                         res = res.flip(-1)
                     out[i] = res.permute(1, 2, 0)
