@@ -41,14 +41,23 @@ class ShardDataset(IterableDataset):
                  transform: Callable | None = None, batch_size: int | None = None,
                  partial: str = "pad", block_size: int = 256, shuffle_window: int = 4096,
                  on_error: str = "raise", rank: int | None = None, world_size: int | None = None,
-                 batched: bool = False, storage_options: dict | None = None):
+                 batched: bool = False, storage_options: dict | None = None,
+                 cache_dir=None, cache_limit="50GB", prefetch: int = 2):
         super().__init__()
         if partial not in partition.PARTIAL_POLICIES:
             raise ValueError(f"partial must be one of {partition.PARTIAL_POLICIES}, got "
                              f"{partial!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        self.reader = DatasetReader(path, storage_options)
+        self.reader = DatasetReader(path, storage_options, cache_dir=cache_dir,
+                                    cache_limit=cache_limit, prefetch=prefetch)
+        if not self.reader.storage.local and self.reader.cache is None and shuffle:
+            # streaming without a cache: keep a shuffle window's worth of chunks in memory, or
+            # every window would fetch its chunks again (docs/remote.md)
+            mean = self.reader.manifest["num_bytes"] / max(1, len(self.reader))
+            self.reader.chunk_memory = max(self.reader.chunk_memory,
+                                           int(1.25 * shuffle_window * mean) +
+                                           4 * self.reader.CHUNK_BYTES)
         unknown = sorted(set(fields or ()) - set(self.reader.fields))
         if unknown:
             raise ValueError(f"unknown fields {unknown}: the dataset has {self.reader.fields}")
@@ -213,12 +222,43 @@ class ShardDataset(IterableDataset):
         for stage in (self.decode, self.transform):
             if hasattr(stage, "epoch"):  # stateful stages (random crops) follow the epoch
                 stage.epoch = epoch
-        if self.batched:
-            yield from self._batches(share, skip, running)
-        else:
-            yield from self._samples(share, skip, running)
+        fetcher = self._prefetcher(share, skip)
+        try:
+            if self.batched:
+                yield from self._batches(share, skip, running, fetcher)
+            else:
+                yield from self._samples(share, skip, running, fetcher=fetcher)
+        finally:
+            if fetcher is not None:
+                fetcher[0].close()
 
-    def _batches(self, share: partition.Share, skip: int, running: dict) -> Iterator[dict]:
+    def _prefetcher(self, share: partition.Share, skip: int):
+        """For remote data: a background fetcher over the shards (or chunks) this share reads,
+        in order, and each position's place in that order.  None for local data."""
+        reader = self.reader
+        if reader.storage.local or reader.prefetch <= 0:
+            return None
+        ids = share.ids[skip:]
+        shards = np.searchsorted(reader.offsets, ids, side="right") - 1
+        rows = ids - reader.offsets[shards]
+        if reader.cache is not None:
+            keys = shards
+        else:
+            per = np.array([max(1, reader.CHUNK_BYTES * s["samples"] // max(1, s["bytes"]))
+                            for s in reader.shards])
+            keys = shards * (1 << 32) + rows // per[shards]
+        change = np.ones(len(keys), dtype=bool)
+        change[1:] = keys[1:] != keys[:-1]
+        firsts = np.flatnonzero(change)
+        units = [int(shards[i]) if reader.cache is not None else
+                 (int(shards[i]), int(keys[i] & 0xFFFFFFFF)) for i in firsts]
+        fetcher = reader.prefetcher(units)
+        if fetcher is None:
+            return None
+        return fetcher, np.cumsum(change) - 1, skip  # unit number of every position
+
+    def _batches(self, share: partition.Share, skip: int, running: dict,
+                 fetcher=None) -> Iterator[dict]:
         """Whole batches, gathered straight into (shared-memory) tensors: the fast path."""
         from .batches import collate, gather_batch
         from .torchenv import get_worker_info
@@ -227,6 +267,8 @@ class ShardDataset(IterableDataset):
         size = self.batch_size
         for start in range(skip, len(share), size):
             part = share[start:start + size]
+            if fetcher is not None:
+                fetcher[0].at(int(fetcher[1][start - fetcher[2]]))
             batch = None
             try:
                 batch = gather_batch(self.reader, part.ids, part.repeat, self.fields, shared)
@@ -251,16 +293,18 @@ class ShardDataset(IterableDataset):
             yield batch
 
     def _samples(self, share: partition.Share, skip: int, running: dict,
-                 raw: bool = False) -> Iterator[dict]:
+                 raw: bool = False, fetcher=None) -> Iterator[dict]:
         reader = self.reader
         ids = share.ids[skip:]
         repeats = share.repeat[skip:]
         shards = np.searchsorted(reader.offsets, ids, side="right") - 1
         rows = ids - reader.offsets[shards]
         fields = self.fields
-        for gid, shard, row, rep in zip(ids.tolist(), shards.tolist(), rows.tolist(),
-                                        repeats.tolist()):
+        for pos, (gid, shard, row, rep) in enumerate(zip(ids.tolist(), shards.tolist(),
+                                                         rows.tolist(), repeats.tolist())):
             running["yielded"] += 1
+            if fetcher is not None and pos % 64 == 0:
+                fetcher[0].at(int(fetcher[1][pos]))
             try:
                 sample = reader.read(shard, row)
             except ShardpackError as exc:

@@ -74,6 +74,10 @@ class DecodeError(ShardpackError, ValueError):
     """An image field that cannot be decoded (corrupt, truncated, unsupported)."""
 
 
+class RemoteError(ShardpackError, OSError):
+    """A remote request failed for good (after retries, or at once for 403 and similar)."""
+
+
 class UnsafePathError(ShardpackError, ValueError):
     """A name that would write outside the output folder (absolute, '..', link, device)."""
 
@@ -84,6 +88,7 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "PackError",
+    "RemoteError",
     "ShardpackError",
     "SourceError",
     "UnsafePathError",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -20,8 +21,21 @@ from .storage import Storage
 
 
 class DatasetReader:
-    def __init__(self, url, storage_options: dict | None = None):
+    """``cache_dir`` (remote datasets only): shards are fetched whole into a shared local cache
+    (:class:`~shardpack.cache.ShardCache`), verified, and memory-mapped.  Without it, remote
+    samples are read with ranged requests in chunks of about CHUNK_BYTES, kept in a small
+    per-process memory LRU.  ``prefetch`` shards (or chunks) are fetched ahead in background
+    threads by :meth:`prefetcher`."""
+
+    MAX_OPEN_SHARDS = 64
+    CHUNK_BYTES = 8 << 20
+    CHUNK_MEMORY = 96 << 20
+
+    def __init__(self, url, storage_options: dict | None = None, *, cache_dir=None,
+                 cache_limit="50GB", prefetch: int = 2):
         self.storage = Storage(url, storage_options)
+        self.prefetch = prefetch
+        self.chunk_memory = self.CHUNK_MEMORY
         try:
             data = self.storage.read_bytes(fmt.MANIFEST_NAME)
         except DatasetNotFoundError:
@@ -33,16 +47,32 @@ class DatasetReader:
         self.shards: list[dict] = self.manifest["shards"]
         self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum([s["samples"] for s in self.shards], out=self.offsets[1:])
-        self._indexes: dict[int, fmt.ShardIndex] = {}
-        self._buffers: OrderedDict[int, memoryview] = OrderedDict()
+        self.cache = None
+        if cache_dir is not None and not self.storage.local:
+            from .cache import ShardCache
+            from .plan import parse_size
 
-    MAX_OPEN_SHARDS = 64
+            self.cache = ShardCache(cache_dir, parse_size(cache_limit))
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        self._indexes: dict[int, fmt.ShardIndex] = {}
+        self._buffers: OrderedDict[int, tuple] = OrderedDict()  # shard -> (view, cache entry)
+        self._chunks: OrderedDict[tuple, bytes] = OrderedDict()
+        self._chunk_bytes = 0
+        self._lock = threading.RLock()
 
     def __getstate__(self):
-        # memory maps and loaded indexes stay in their process: a worker opens its own, lazily
+        # memory maps, cache locks and loaded indexes stay in their process: a worker opens its
+        # own, lazily
         state = dict(self.__dict__)
-        state["_indexes"], state["_buffers"] = {}, OrderedDict()
+        for key in ("_indexes", "_buffers", "_chunks", "_chunk_bytes", "_lock"):
+            state.pop(key, None)
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._init_process_state()
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -79,47 +109,102 @@ class DatasetReader:
         return shard, i - int(self.offsets[shard])
 
     def shard_buffer(self, shard: int) -> memoryview | None:
-        """A read-only memory map of a local shard (None for remote storage), checked against the
-        manifest's size; at most MAX_OPEN_SHARDS stay open per process."""
-        buf = self._buffers.get(shard)
-        if buf is not None:
-            self._buffers.move_to_end(shard)
-            return buf
-        if not self.storage.local:
+        """A read-only memory map of the shard (local file, or its verified copy in the cache),
+        checked against the manifest's size; None for remote storage without a cache.  At most
+        MAX_OPEN_SHARDS stay open per process (closing one releases its cache lock)."""
+        with self._lock:
+            held = self._buffers.get(shard)
+            if held is not None:
+                self._buffers.move_to_end(shard)
+                return held[0]
+        entry = None
+        meta = self.shards[shard]
+        if self.storage.local:
+            path = self.storage.path(meta["name"])
+        elif self.cache is not None:
+            entry = self.cache.open(self.storage.url, meta, self._downloader(shard))
+            path = entry.path
+        else:
             return None
-        entry = self.shards[shard]
-        path = self.storage.path(entry["name"])
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise DatasetNotFoundError("shard is missing", path=self.shard_path(shard)) from None
-        try:
-            size = os.fstat(fd).st_size
-            if size != entry["bytes"]:
-                raise FormatError(f"shard is {size} bytes, the manifest says {entry['bytes']} "
-                                  "(truncated or replaced)", path=self.shard_path(shard),
-                                  hint="run 'shardpack verify'")
-            buf = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ)) if size else \
-                memoryview(b"")
-        finally:
-            os.close(fd)
-        self._buffers[shard] = buf
-        if len(self._buffers) > self.MAX_OPEN_SHARDS:
-            self._buffers.popitem(last=False)
-        return buf
+            view = _map(path, meta["bytes"], self.shard_path(shard))
+        except BaseException:
+            if entry is not None:
+                entry.close()
+            raise
+        # cached shards stay locked (never evicted) while open: keep few open, so the cache
+        # limit can be honoured; local files can stay open freely
+        limit = self.MAX_OPEN_SHARDS if entry is None else self.prefetch + 4
+        with self._lock:
+            self._buffers[shard] = (view, entry)
+            while len(self._buffers) > limit:
+                _, (_, old) = self._buffers.popitem(last=False)
+                if old is not None:
+                    old.close()
+        return view
+
+    def _downloader(self, shard: int):
+        meta = self.shards[shard]
+        return lambda tmp: self.storage.download(meta["name"], tmp, meta["bytes"])
+
+    def warm(self, unit) -> None:
+        """Fetch ahead: a shard number (into the cache) or a (shard, chunk) pair (into memory)."""
+        if isinstance(unit, tuple):
+            self._chunk(*unit)
+        elif self.cache is not None:
+            self.cache.open(self.storage.url, self.shards[unit], self._downloader(unit)).close()
+
+    def chunk_of(self, shard: int, row: int) -> int:
+        meta = self.shards[shard]
+        per = max(1, self.CHUNK_BYTES * meta["samples"] // max(1, meta["bytes"]))
+        return row // per
+
+    def _chunk(self, shard: int, number: int) -> tuple[bytes, int]:
+        """Rows of chunk ``number`` of a remote shard with one ranged read: (bytes, offset)."""
+        key = (shard, number)
+        with self._lock:
+            hit = self._chunks.get(key)
+            if hit is not None:
+                self._chunks.move_to_end(key)
+                return hit
+        index = self.index(shard)
+        meta = self.shards[shard]
+        per = max(1, self.CHUNK_BYTES * meta["samples"] // max(1, meta["bytes"]))
+        first, last = number * per, min(index.num_samples, (number + 1) * per)
+        start, end = int(index.starts[first]), int(index.starts[last])
+        data = self.storage.read_bytes(meta["name"], start, end)
+        with self._lock:
+            self._chunks[key] = (data, start)
+            self._chunk_bytes += len(data)
+            while self._chunk_bytes > self.chunk_memory and len(self._chunks) > 1:
+                _, (old, _) = self._chunks.popitem(last=False)
+                self._chunk_bytes -= len(old)
+        return data, start
+
+    def prefetcher(self, units: list) -> "Prefetcher | None":
+        """A background fetcher for ``units`` (in order of need), or None when there is nothing
+        to fetch ahead (local data, or prefetch=0)."""
+        if self.storage.local or self.prefetch <= 0 or not units:
+            return None
+        return Prefetcher(self, units, self.prefetch)
+
+    def unit(self, shard: int, row: int):
+        """What a read of (shard, row) needs fetched: the shard (cached) or a chunk."""
+        return shard if self.cache is not None else (shard, self.chunk_of(shard, row))
 
     def sample_bytes(self, shard: int, row: int):
-        """The stored bytes of one sample: a slice of the memory map, or one ranged read."""
+        """The stored bytes of one sample: a slice of a memory map, or of a fetched chunk."""
         index = self.index(shard)
         start, end = index.span(row)
         buf = self.shard_buffer(shard)
         if buf is not None:
             return buf[start:end]
-        data = self.storage.read_bytes(self.shards[shard]["name"], start, end)
-        if len(data) != end - start:
-            raise FormatError(f"truncated shard: wanted {end - start} bytes, got {len(data)}",
+        data, base = self._chunk(shard, self.chunk_of(shard, row))
+        piece = data[start - base:end - base]
+        if len(piece) != end - start:
+            raise FormatError(f"truncated shard: wanted {end - start} bytes, got {len(piece)}",
                               path=self.shard_path(shard), offset=start, key=index.key(row))
-        return data
+        return piece
 
     def read(self, shard: int, row: int) -> dict:
         return decode_sample(self.index(shard), row, self.sample_bytes(shard, row),
@@ -148,8 +233,68 @@ class DatasetReader:
             yield from self.iter_shard(shard)
 
 
-def open_reader(url, storage_options: dict | None = None) -> DatasetReader:
-    return DatasetReader(url, storage_options)
+def open_reader(url, storage_options: dict | None = None, **kwargs) -> DatasetReader:
+    return DatasetReader(url, storage_options, **kwargs)
+
+
+def _map(path: str, expected: int, display: str) -> memoryview:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise DatasetNotFoundError("shard is missing", path=display) from None
+    try:
+        size = os.fstat(fd).st_size
+        if size != expected:
+            raise FormatError(f"shard is {size} bytes, the manifest says {expected} "
+                              "(truncated or replaced)", path=display,
+                              hint="run 'shardpack verify'")
+        return memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ)) if size else memoryview(b"")
+    finally:
+        os.close(fd)
+
+
+class Prefetcher:
+    """Fetches ``units`` in order in background threads, at most ``depth`` ahead of the
+    position the reader reports with :meth:`at`.  Errors are not raised here: the reader's own
+    fetch of that unit raises them, in the reading thread, with the usual message."""
+
+    def __init__(self, reader: DatasetReader, units: list, depth: int):
+        self.reader, self.units, self.depth = reader, units, depth
+        self.position = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True,
+                                          name=f"shardpack-fetch-{i}")
+                         for i in range(min(depth, 4))]
+        self._next = 0
+        for t in self._threads:
+            t.start()
+
+    def at(self, position: int) -> None:
+        with self._cond:
+            if position > self.position:
+                self.position = position
+                self._cond.notify_all()
+
+    def _run(self, _: int) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and self._next < len(self.units) and \
+                        self._next >= self.position + self.depth:
+                    self._cond.wait()
+                if self._stop or self._next >= len(self.units):
+                    return
+                unit = self.units[self._next]
+                self._next += 1
+            try:
+                self.reader.warm(unit)
+            except Exception:  # noqa: BLE001 - the reading thread reports it
+                pass
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
 
 
 def record_payload(index: fmt.ShardIndex, row: int, record, path: str):

@@ -13,16 +13,20 @@ difference is how :meth:`Storage.open_atomic` makes a write atomic:
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
+import random
+import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from .errors import DatasetNotFoundError, PackError
+from .errors import DatasetNotFoundError, PackError, RemoteError
 
 TEMP_MARK = ".tmp-"
 
@@ -31,12 +35,99 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(".") and TEMP_MARK in name
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff and full jitter, for remote requests only."""
+
+    attempts: int = 5
+    base_delay: float = 0.2
+    max_delay: float = 10.0
+    timeout: float = 60.0  # seconds per request (connect + read)
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_delay * 3)
+        return random.uniform(0, min(self.max_delay, self.base_delay * 2 ** attempt))
+
+
+def classify(exc: BaseException) -> tuple[bool, float | None]:
+    """(retry?, Retry-After seconds) for an exception from fsspec, aiohttp or botocore.
+    Never retried: missing (404), forbidden (401/403), bad request (400)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False, None
+    status = getattr(exc, "status", None)
+    response = getattr(exc, "response", None)
+    if status is None and isinstance(response, dict):  # botocore ClientError
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if isinstance(status, int):
+        if status == 429 or status >= 500:
+            return True, _retry_after(getattr(exc, "headers", None) or {})
+        return False, None
+    name = type(exc).__name__
+    transient = ("Timeout", "Connection", "Disconnected", "Payload", "Reset", "Incomplete",
+                 "EndpointConnection", "ReadTimeout", "ClientOSError", "ShortRead")
+    if isinstance(exc, (TimeoutError, ConnectionError, asyncio.TimeoutError, ShortReadError)) or \
+            any(t in name for t in transient):
+        return True, None
+    return False, None
+
+
+def _retry_after(headers) -> float | None:
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class ShortReadError(OSError):
+    """A ranged read returned fewer bytes than asked (a connection cut mid-body)."""
+
+
 class Storage:
-    def __init__(self, url: str | os.PathLike, storage_options: dict | None = None):
+    def __init__(self, url: str | os.PathLike, storage_options: dict | None = None,
+                 retry: RetryPolicy | None = None):
         self.url = os.fspath(url)
-        self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
-        self.local = isinstance(self.fs, LocalFileSystem)
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
+        self.protocol = fsspec.core.split_protocol(self.url)[0] or "file"
+        self._fs, root = fsspec.core.url_to_fs(self.url, **self._options())
+        self._pid = os.getpid()
+        self.local = isinstance(self._fs, LocalFileSystem)
         self.root = root.rstrip("/") if root not in ("/", "") else root
+        self.stats = {"requests": 0, "retries": 0, "ignored_range": 0}
+
+    def _options(self) -> dict:
+        """Per-request timeouts by default; the caller's storage_options win."""
+        opts = dict(self.storage_options)
+        t = self.retry.timeout
+        if self.protocol in ("http", "https") and "client_kwargs" not in opts:
+            import aiohttp
+
+            opts["client_kwargs"] = {"timeout": aiohttp.ClientTimeout(total=None, connect=t,
+                                                                       sock_read=t)}
+        if self.protocol in ("s3", "s3a"):
+            config = dict(opts.get("config_kwargs") or {})
+            config.setdefault("connect_timeout", t)
+            config.setdefault("read_timeout", t)
+            config.setdefault("retries", {"max_attempts": 1})  # our retries, not botocore's
+            opts["config_kwargs"] = config
+        return opts
+
+    @property
+    def fs(self):
+        """The filesystem, one instance per process: async clients don't survive a fork."""
+        if self._pid != os.getpid():
+            cls = type(self._fs)
+            self._fs = cls(**self._options(), skip_instance_cache=True) if not self.local \
+                else self._fs
+            self._pid = os.getpid()
+        return self._fs
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_pid"] = -1  # rebuilt lazily in the receiving process
+        return state
 
     def __repr__(self) -> str:
         return f"Storage({self.url!r})"
@@ -48,23 +139,83 @@ class Storage:
         """The name users see in messages: the URL they gave, joined with the file name."""
         return f"{self.url.rstrip('/')}/{name}" if name else self.url
 
+    def _call(self, what: str, name: str, fn, *args, **kwargs):
+        """Run one request with the retry policy; local files are not retried."""
+        if self.local:
+            return fn(*args, **kwargs)
+        last = None
+        for attempt in range(self.retry.attempts):
+            self.stats["requests"] += 1
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                retry, after = classify(exc)
+                last = exc
+                if isinstance(exc, FileNotFoundError):
+                    raise DatasetNotFoundError("file is missing", path=self.display(name)) \
+                        from None
+                if not retry or attempt == self.retry.attempts - 1:
+                    break
+                self.stats["retries"] += 1
+                time.sleep(self.retry.delay(attempt, after))
+        raise RemoteError(f"{what} failed after {attempt + 1} attempt(s): "
+                          f"{type(last).__name__}: {last}", path=self.display(name)) from last
+
     # -- reading ---------------------------------------------------------------------------
     def exists(self, name: str = "") -> bool:
-        return self.fs.exists(self.path(name))
+        return self._call("exists", name, self.fs.exists, self.path(name))
 
     def size(self, name: str) -> int:
         try:
-            return int(self.fs.size(self.path(name)))
+            return int(self._call("size", name, self.fs.size, self.path(name)))
         except FileNotFoundError:
             raise DatasetNotFoundError("file is missing", path=self.display(name)) from None
 
     def read_bytes(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
-        try:
+        """The file, or bytes [start, end): exactly that many, or an error.  A server that
+        ignores Range and sends the whole file is tolerated (the range is cut out, counted)."""
+        def fetch():
             if start is None and end is None:
                 return self.fs.cat_file(self.path(name))
-            return self.fs.cat_file(self.path(name), start=start, end=end)
+            data = self.fs.cat_file(self.path(name), start=start, end=end)
+            want = end - (start or 0)
+            if len(data) == want:
+                return data
+            if len(data) > want and (start or 0) + want <= len(data):
+                self.stats["ignored_range"] += 1  # a 200 with the whole body
+                return data[start or 0:end]
+            raise ShortReadError(f"asked for {want} bytes at {start}, got {len(data)}")
+
+        try:
+            return self._call("read", name, fetch)
         except FileNotFoundError:
             raise DatasetNotFoundError("file is missing", path=self.display(name)) from None
+
+    def download(self, name: str, dest: str, size: int, part_size: int = 16 << 20,
+                 parallel: int = 4) -> None:
+        """Copy one remote file into ``dest`` (an open-able local path) with parallel ranged
+        reads of ``part_size`` bytes, each retried on its own."""
+        if size <= part_size or parallel <= 1:
+            data = self.read_bytes(name) if size else b""
+            if len(data) != size:
+                raise ShortReadError(f"{self.display(name)}: got {len(data)} bytes, expected {size}")
+            with open(dest, "r+b" if os.path.exists(dest) else "wb") as f:
+                f.write(data)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+
+            def part(offset: int) -> None:
+                data = self.read_bytes(name, offset, min(size, offset + part_size))
+                os.pwrite(fd, data, offset)
+
+            with ThreadPoolExecutor(parallel) as pool:
+                list(pool.map(part, range(0, size, part_size)))
+        finally:
+            os.close(fd)
 
     @contextmanager
     def open(self, name: str, mode: str = "rb"):
@@ -78,8 +229,8 @@ class Storage:
     def listdir(self) -> list[str]:
         """Names directly inside the root (files and folders), sorted; [] if it doesn't exist."""
         try:
-            entries = self.fs.ls(self.root, detail=False)
-        except FileNotFoundError:
+            entries = self._call("list", "", self.fs.ls, self.root, detail=False)
+        except (FileNotFoundError, DatasetNotFoundError):
             return []
         names = sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
         return [n for n in names if n]

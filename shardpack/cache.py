@@ -1,0 +1,283 @@
+"""A local shard cache that many processes share safely, within a disk budget.
+
+Layout: ``CACHE/<xxh3-64 of the dataset URL>/<shard hash>-<shard name>``, so two datasets that
+both have ``shard-00000.tar`` never collide, and a changed shard (new hash) is a new entry.
+
+Safety comes from OS file locks (``flock``), which the kernel releases when a process dies: no
+shared memory, no lock state that outlives a crash.
+
+* ``CACHE/.lock``: one small lock file; held exclusively only for short bookkeeping steps
+  (look up, claim a download, publish, evict), never while downloading.
+* A reader holds a shared lock on the cached file for as long as it uses it (the memory map);
+  eviction only removes files it can lock exclusively, so a shard being read is never evicted.
+* A downloader writes ``.<entry>.tmp-<pid>`` holding an exclusive lock on it.  Others wanting the
+  same shard find the locked temp file and wait for it instead of downloading again; a temp file
+  whose lock is free belongs to a dead process and is deleted.
+* Every download is checked against the manifest's xxh3-128 before it is renamed into place, so a
+  reader never sees a partial or wrong file.  A cached file is re-hashed the first time each
+  process opens it; a corrupt one is deleted and fetched again, once, then it is an error.
+* LRU: a file's access time is set on every use; before a new file is published, the least recently used files
+  that nobody holds are deleted until the cache fits ``limit`` bytes.  When everything cached is
+  in use, the cache overshoots rather than deadlock, and shrinks again as readers let go.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import xxhash
+
+from . import format as fmt
+from .errors import IntegrityError, ShardpackError
+
+LOCK_NAME = ".lock"
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("SHARDPACK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shardpack")
+    return base
+
+
+@dataclass
+class CacheEntry:
+    path: str
+    fd: int  # holds the shared lock while the entry is in use
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class ShardCache:
+    def __init__(self, cache_dir: str | os.PathLike, limit: int):
+        self.root = os.path.abspath(os.fspath(cache_dir))
+        self.limit = limit
+        os.makedirs(self.root, exist_ok=True)
+        self._verified: set[tuple[str, int, int]] = set()  # (path, size, mtime) hashed here
+        self.stats = {"hits": 0, "downloads": 0, "refetches": 0, "evictions": 0, "waits": 0}
+
+    # -- locking ------------------------------------------------------------------------------
+    @contextmanager
+    def _global(self):
+        fd = os.open(os.path.join(self.root, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def entry_path(self, dataset_url: str, shard: dict) -> str:
+        folder = xxhash.xxh3_64_hexdigest(dataset_url.rstrip("/").encode())
+        return os.path.join(self.root, folder, f"{shard['hash'][:32]}-{shard['name']}")
+
+    # -- the one entry point --------------------------------------------------------------------
+    def open(self, dataset_url: str, shard: dict, download) -> CacheEntry:
+        """The cached file of ``shard`` (a manifest entry), fetching it with ``download(path)``
+        when missing.  The caller must ``close()`` the entry when done reading."""
+        path = self.entry_path(dataset_url, shard)
+        for attempt in range(2):
+            entry = self._get(path, shard, download)
+            if self._verify(entry, shard):
+                return entry
+            entry.close()
+            self._discard(path)  # corrupt in the cache: fetch again, once
+            self.stats["refetches"] += 1
+        raise IntegrityError("cached shard is still corrupt after fetching it again",
+                             path=path, hint="the remote shard itself may be bad: run "
+                                             "'shardpack verify' on the dataset")
+
+    def _get(self, path: str, shard: dict, download) -> CacheEntry:
+        folder, name = os.path.split(path)
+        os.makedirs(folder, exist_ok=True)
+        while True:
+            with self._global():
+                entry = self._open_shared(path)
+                if entry is not None:
+                    self.stats["hits"] += 1
+                    return entry
+                busy = self._locked_temp(folder, name)
+                if busy is None:
+                    tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+                    tfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                    fcntl.flock(tfd, fcntl.LOCK_EX)
+            if busy is not None:  # another process is fetching it: wait for its lock to go
+                self.stats["waits"] += 1
+                try:
+                    fcntl.flock(busy, fcntl.LOCK_SH)
+                finally:
+                    os.close(busy)
+                continue
+            try:
+                download(tmp)
+                if os.path.getsize(tmp) != shard["bytes"]:
+                    raise IntegrityError(f"downloaded {os.path.getsize(tmp)} bytes, the "
+                                         f"manifest says {shard['bytes']}", path=shard["name"])
+                if _file_hash(tmp) != shard["hash"]:
+                    raise IntegrityError("downloaded shard does not match the manifest's hash",
+                                         path=shard["name"])
+                os.fsync(tfd)
+                with self._global():
+                    self._evict(shard["bytes"], keep=path)
+                    os.replace(tmp, path)
+                    # the same open file now is the cache entry: turn the writer's exclusive
+                    # lock into a reader's shared one (waiters wake up and find the file)
+                    fcntl.flock(tfd, fcntl.LOCK_SH)
+                    entry, tfd = CacheEntry(path, tfd), -1
+                self.stats["downloads"] += 1
+                self._verified.add(_identity(path))
+                return entry
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                raise
+            finally:
+                if tfd >= 0:
+                    os.close(tfd)
+
+    # -- helpers (called with the global lock held unless noted) ---------------------------------
+    def _open_shared(self, path: str) -> CacheEntry | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.utime(fd, ns=(time.time_ns(), os.fstat(fd).st_mtime_ns))  # LRU recency: access time
+        return CacheEntry(path, fd)
+
+    def _locked_temp(self, folder: str, name: str) -> int | None:
+        """An fd of a temp file some live process is downloading into, or None; temp files of
+        dead processes are deleted."""
+        prefix = f".{name}.tmp-"
+        for other in os.listdir(folder):
+            if not other.startswith(prefix):
+                continue
+            full = os.path.join(folder, other)
+            try:
+                fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    return fd  # held: a live download
+                os.close(fd)
+                raise
+            os.close(fd)
+            os.unlink(full)  # lock free: its writer died
+        return None
+
+    def _verify(self, entry: CacheEntry, shard: dict) -> bool:
+        ident = _identity(entry.path)
+        if ident in self._verified:
+            return True
+        ok = ident[1] == shard["bytes"] and _file_hash(entry.path) == shard["hash"]
+        if ok:
+            self._verified.add(ident)
+        return ok
+
+    def _discard(self, path: str) -> None:
+        with self._global():
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # wait for other readers of the bad file
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(fd)
+
+    def _evict(self, incoming: int, keep: str) -> None:
+        files = []
+        for dirpath, _, names in os.walk(self.root):
+            for name in names:
+                if name == LOCK_NAME or name.startswith("."):
+                    continue
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    continue
+                files.append((st.st_atime_ns, st.st_size, full))
+        used = sum(size for _, size, _ in files)
+        for _, size, full in sorted(files):
+            if used + incoming <= self.limit:
+                break
+            if full == keep:
+                continue
+            fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue  # in use: never evicted
+            try:
+                os.unlink(full)
+                used -= size
+                self.stats["evictions"] += 1
+            finally:
+                os.close(fd)
+
+    # -- inspection -----------------------------------------------------------------------------
+    def usage(self) -> dict:
+        count = size = 0
+        for dirpath, _, names in os.walk(self.root):
+            for name in names:
+                if name != LOCK_NAME and not name.startswith("."):
+                    count += 1
+                    size += os.path.getsize(os.path.join(dirpath, name))
+        return {"dir": self.root, "files": count, "bytes": size, "limit": self.limit}
+
+    def clear(self) -> int:
+        """Delete every cached file nobody is reading; returns how many were deleted."""
+        removed = 0
+        with self._global():
+            for dirpath, _, names in os.walk(self.root, topdown=False):
+                for name in names:
+                    if name == LOCK_NAME:
+                        continue
+                    full = os.path.join(dirpath, name)
+                    fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        os.unlink(full)
+                        removed += 1
+                    except OSError:
+                        pass
+                    finally:
+                        os.close(fd)
+                if dirpath != self.root:
+                    try:
+                        os.rmdir(dirpath)
+                    except OSError:
+                        pass
+        return removed
+
+
+def _identity(path: str) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return path, st.st_size, st.st_mtime_ns
+
+
+def _file_hash(path: str) -> str:
+    hasher = fmt.new_content_hasher()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def check_limit(limit: int, shard_bytes: int) -> None:
+    if limit < shard_bytes:
+        raise ShardpackError(f"cache limit {limit} bytes is smaller than a shard "
+                             f"({shard_bytes} bytes)", hint="raise cache_limit")
