@@ -26,6 +26,33 @@ class _Group(click.Group):
             sys.exit(130)
 
 
+def _parse_options(pairs) -> dict:
+    """``-o key=value`` pairs -> fsspec storage_options; dotted keys nest
+    (``client_kwargs.endpoint_url=http://127.0.0.1:8333``); values are JSON when they parse."""
+    options: dict = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ShardpackError(f"storage option {pair!r} is not KEY=VALUE")
+        try:
+            value = json.loads(value)
+        except ValueError:
+            pass
+        node = options
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return options
+
+
+storage_option = click.option(
+    "-o", "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+    help="fsspec storage option for remote paths, repeatable; dotted keys nest, e.g. "
+         "-o client_kwargs.endpoint_url=http://127.0.0.1:8333 -o key=ID -o secret=KEY. "
+         "S3 credentials and endpoint also come from the usual AWS_* variables.")
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="shardpack")
 def main():
@@ -71,8 +98,9 @@ def main():
               help="Continue an interrupted pack into OUT: keeps complete shards, redoes the rest.")
 @click.option("--overwrite", is_flag=True, help="Replace the dataset already in OUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def pack(src, out, shard_format, shard_size, max_samples, compression, zstd_level, workers,
-         resize, quality, layout, skip_bad, resume, overwrite, quiet):
+@storage_option
+def pack(src, out, storage_options, shard_format, shard_size, max_samples, compression,
+         zstd_level, workers, resize, quality, layout, skip_bad, resume, overwrite, quiet):
     """Pack the files under SRC into shards at OUT.
 
     SRC is a folder (an ImageFolder tree or any tree of files grouped by name:
@@ -85,7 +113,8 @@ def pack(src, out, shard_format, shard_size, max_samples, compression, zstd_leve
                        max_samples=max_samples, compression=compression, zstd_level=zstd_level,
                        resize=resize, quality=quality, skip_bad=skip_bad, layout=layout,
                        workers=workers, resume=resume, overwrite=overwrite,
-                       progress=not quiet and sys.stderr.isatty())
+                       progress=not quiet and sys.stderr.isatty(),
+                       storage_options=_parse_options(storage_options))
     for line in summary.first_skips[:10]:
         click.echo(f"skipped: {line}", err=True)
     click.echo(summary.line())
@@ -94,11 +123,12 @@ def pack(src, out, shard_format, shard_size, max_samples, compression, zstd_leve
 @main.command()
 @click.argument("dataset")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def info(dataset, as_json):
+@storage_option
+def info(dataset, as_json, storage_options):
     """Samples, shards, bytes, fields, classes, format and compression of DATASET."""
     from .reader import DatasetReader
 
-    m = DatasetReader(dataset).manifest
+    m = DatasetReader(dataset, _parse_options(storage_options)).manifest
     summary = {k: v for k, v in m.items() if k != "shards"}
     summary["dataset"] = dataset
     if as_json:
@@ -123,13 +153,15 @@ def info(dataset, as_json):
 @main.command()
 @click.argument("dataset")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def verify(dataset, quiet):
+@storage_option
+def verify(dataset, quiet, storage_options):
     """Re-hash every shard and index and check every record of DATASET.
 
     Exits 0 when all is well, 1 after listing each bad shard or sample."""
     from .verify import verify as run_verify
 
-    report = run_verify(dataset, progress=not quiet and sys.stderr.isatty())
+    report = run_verify(dataset, _parse_options(storage_options),
+                        progress=not quiet and sys.stderr.isatty())
     for problem in report.problems:
         click.echo(f"BAD {problem}")
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
@@ -141,11 +173,12 @@ def verify(dataset, quiet):
 @main.command(name="ls")
 @click.argument("dataset")
 @click.option("--long", "-l", "long_", is_flag=True, help="Also shard, fields and sizes.")
-def ls_(dataset, long_):
+@storage_option
+def ls_(dataset, long_, storage_options):
     """List the keys of DATASET in stored order."""
     from .reader import DatasetReader
 
-    reader = DatasetReader(dataset)
+    reader = DatasetReader(dataset, _parse_options(storage_options))
     out = sys.stdout
     for shard, entry in enumerate(reader.shards):
         index = reader.index(shard)
@@ -163,11 +196,12 @@ def ls_(dataset, long_):
 @click.argument("key")
 @click.option("--field", "-f", default=None, help="Field to print (required when the sample "
               "has more than one).")
-def cat(dataset, key, field):
+@storage_option
+def cat(dataset, key, field, storage_options):
     """Write the bytes of one field of sample KEY to stdout."""
     from .reader import DatasetReader
 
-    reader = DatasetReader(dataset)
+    reader = DatasetReader(dataset, _parse_options(storage_options))
     for shard in range(len(reader.shards)):
         index = reader.index(shard)
         for row in range(index.num_samples):
@@ -191,13 +225,15 @@ def cat(dataset, key, field):
 @click.argument("dataset")
 @click.argument("out", type=click.Path(path_type=str))
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def unpack(dataset, out, quiet):
+@storage_option
+def unpack(dataset, out, quiet, storage_options):
     """Write DATASET back to files, OUT/<key>.<field>. OUT must not exist or be empty.
 
     Never writes outside OUT: absolute names, '..', links and devices are refused."""
     from .unpack import unpack as run_unpack
 
-    count = run_unpack(dataset, out, progress=not quiet and sys.stderr.isatty())
+    count = run_unpack(dataset, out, _parse_options(storage_options),
+                       progress=not quiet and sys.stderr.isatty())
     click.echo(f"unpacked {count:,} files into {out}")
 
 
@@ -237,6 +273,36 @@ def bench(dataset, files, decode, workers, batch_size, size, step_ms, batches, d
     result = run(dataset, opts, files=files, progress=not quiet and sys.stderr.isatty())
     for line in result.lines():
         click.echo(line)
+
+
+@main.group()
+def cache():
+    """Inspect or clear the local shard cache used for remote datasets."""
+
+
+cache_dir_option = click.option("--cache-dir", default=None,
+                                 help="Cache folder [default: $SHARDPACK_CACHE or "
+                                      "~/.cache/shardpack].")
+
+
+@cache.command(name="info")
+@cache_dir_option
+def cache_info(cache_dir):
+    """Files and bytes held in the cache."""
+    from .cache import ShardCache, default_cache_dir
+
+    usage = ShardCache(cache_dir or default_cache_dir(), 0).usage()
+    click.echo(f"{usage['dir']}: {usage['files']} shards, {usage['bytes'] / 1e6:,.1f} MB")
+
+
+@cache.command(name="clear")
+@cache_dir_option
+def cache_clear(cache_dir):
+    """Delete every cached shard no process is reading right now."""
+    from .cache import ShardCache, default_cache_dir
+
+    removed = ShardCache(cache_dir or default_cache_dir(), 0).clear()
+    click.echo(f"removed {removed} cached shards")
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def _run(tasks, executor, storage: Storage, resume: bool, limit: int):
 
 
 def _options_of(storage: Storage) -> dict | None:
-    return getattr(storage.fs, "storage_options", None) or None
+    return storage.storage_options or None
 
 
 def _result(task: ShardTask, future: Future) -> ShardResult:
