@@ -87,8 +87,9 @@ class ShardCache:
             entry = self._get(path, shard, download)
             if self._verify(entry, shard):
                 return entry
+            ident = _identity(entry.path)
             entry.close()
-            self._discard(path)  # corrupt in the cache: fetch again, once
+            self._discard(path, ident)  # corrupt in the cache: fetch again, once
             self.stats["refetches"] += 1
         raise IntegrityError("cached shard is still corrupt after fetching it again",
                              path=path, hint="the remote shard itself may be bad: run "
@@ -186,16 +187,15 @@ class ShardCache:
             self._verified.add(ident)
         return ok
 
-    def _discard(self, path: str) -> None:
+    def _discard(self, path: str, ident: tuple) -> None:
+        """Delete a cached file found corrupt (unless it was replaced meanwhile).  Readers that
+        mapped it keep their mapping; they check it themselves."""
         with self._global():
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)  # wait for other readers of the bad file
-                os.unlink(path)
+                if _identity(path) == ident:
+                    os.unlink(path)
             except FileNotFoundError:
                 pass
-            finally:
-                os.close(fd)
 
     def _evict(self, incoming: int, keep: str) -> None:
         files = []

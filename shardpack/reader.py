@@ -60,13 +60,14 @@ class DatasetReader:
         self._buffers: OrderedDict[int, tuple] = OrderedDict()  # shard -> (view, cache entry)
         self._chunks: OrderedDict[tuple, bytes] = OrderedDict()
         self._chunk_bytes = 0
+        self._inflight: dict[tuple, _Flight] = {}
         self._lock = threading.RLock()
 
     def __getstate__(self):
         # memory maps, cache locks and loaded indexes stay in their process: a worker opens its
         # own, lazily
         state = dict(self.__dict__)
-        for key in ("_indexes", "_buffers", "_chunks", "_chunk_bytes", "_lock"):
+        for key in ("_indexes", "_buffers", "_chunks", "_chunk_bytes", "_inflight", "_lock"):
             state.pop(key, None)
         return state
 
@@ -167,6 +168,32 @@ class DatasetReader:
             if hit is not None:
                 self._chunks.move_to_end(key)
                 return hit
+            flight = self._inflight.get(key)
+            owner = flight is None
+            if owner:  # nobody is fetching it: this thread does, others wait for its outcome
+                flight = self._inflight[key] = _Flight()
+        if not owner:
+            flight.done.wait()
+            if flight.error is not None:
+                with self._lock:  # a failed fetch is reported once, then forgotten
+                    if self._inflight.get(key) is flight:
+                        del self._inflight[key]
+                raise flight.error
+            return flight.result
+        try:
+            flight.result = self._fetch_chunk(shard, number)
+            return flight.result
+        except BaseException as exc:
+            flight.error = exc  # kept for the next thread that asks (the reader, after a
+            raise               # prefetcher's failure): the error after retries, not a new try
+        finally:
+            if flight.error is None:
+                with self._lock:
+                    self._inflight.pop(key, None)
+            flight.done.set()
+
+    def _fetch_chunk(self, shard: int, number: int) -> tuple[bytes, int]:
+        key = (shard, number)
         index = self.index(shard)
         meta = self.shards[shard]
         per = max(1, self.CHUNK_BYTES * meta["samples"] // max(1, meta["bytes"]))
@@ -253,10 +280,22 @@ def _map(path: str, expected: int, display: str) -> memoryview:
         os.close(fd)
 
 
+class _Flight:
+    """One fetch in progress: threads wanting the same chunk wait for its result or error."""
+
+    __slots__ = ("done", "result", "error")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.result = None
+        self.error = None
+
+
 class Prefetcher:
     """Fetches ``units`` in order in background threads, at most ``depth`` ahead of the
-    position the reader reports with :meth:`at`.  Errors are not raised here: the reader's own
-    fetch of that unit raises them, in the reading thread, with the usual message."""
+    position the reader reports with :meth:`at`.  Errors are not raised here: a reading thread
+    that needs the same unit gets the error (or retries, for a cached shard) with the usual
+    message."""
 
     def __init__(self, reader: DatasetReader, units: list, depth: int):
         self.reader, self.units, self.depth = reader, units, depth

@@ -16,9 +16,13 @@ SIGTERM from the kernel if the Python process that started them dies (``setpriv 
 even a killed test run leaves no orphans. Each class is also a context manager, for other scopes:
 ``with DelayProxy(port, 0.015) as proxy: ...``.
 
-tests/conftest.py does not load this module; a test module imports the fixtures it uses::
+tests/conftest.py does not load this module; a test module imports the fixtures it uses (all such
+modules still share one S3 server)::
 
     from tests.servers import s3_server, http_server, delay_proxy, fault_server  # noqa: F401
+
+(Not ``pytest_plugins = ["tests.servers"]`` in a test module while others import it: pytest then
+warns that the already imported module cannot be assert-rewritten.)
 """
 
 from __future__ import annotations
@@ -365,6 +369,8 @@ class S3Server:
         self.port: int | None = None
         self.startup_s: float | None = None  # measured time from spawn to listening
         self.proc: subprocess.Popen | None = None
+        self._client = None
+        self._fs = None
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -453,11 +459,16 @@ class S3Server:
         return s3fs.S3FileSystem(skip_instance_cache=True, **options)
 
     def client(self, endpoint_url: str | None = None):
-        """A synchronous botocore S3 client for this server."""
+        """A synchronous botocore S3 client (thread-safe) for this server, or for another endpoint in
+        front of it. Creating one takes ~0.5 s, so the one for the server itself is kept."""
+        if endpoint_url is None:
+            if self._client is None:
+                self._client = self.client(self.endpoint_url)
+            return self._client
         import botocore.session
         from botocore.config import Config
         return botocore.session.get_session().create_client(
-            "s3", endpoint_url=endpoint_url or self.endpoint_url, region_name=self.REGION,
+            "s3", endpoint_url=endpoint_url, region_name=self.REGION,
             aws_access_key_id=self.key, aws_secret_access_key=self.secret,
             config=Config(**_checksum_config()))
 
@@ -472,7 +483,9 @@ class S3Server:
     def upload_dir(self, local_dir: Path, bucket: str, prefix: str = "") -> list[str]:
         """Upload every file under ``local_dir`` to ``bucket/prefix/<relative path>`` through the S3
         API; returns the object paths ("bucket/key"), sorted."""
-        fs = self.filesystem()
+        if self._fs is None:
+            self._fs = self.filesystem()
+        fs = self._fs
         local_dir = Path(local_dir)
         uploaded = []
         for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
@@ -649,6 +662,7 @@ class DelayProxy(_AsyncServer):
     time, and one task writes them out when due. End of stream and resets travel the same way (a
     reset on one side becomes a reset on the other). ``connect_delay_s`` holds each new connection
     that long before forwarding anything (e.g. 2 * delay_s to add the cost of a TCP handshake).
+    ``delay_s`` may be changed at any time; it applies to the chunks received from then on.
 
     Counters: ``connections`` (accepted so far), ``active`` (open now), ``bytes_up`` (client to
     target) and ``bytes_down`` (target to client), counted when delivered."""
@@ -737,11 +751,12 @@ class DelayProxy(_AsyncServer):
                         except OSError:
                             pass
                     return
-                writer.write(item)
+                # Count first: once written, the peer may have it before this thread runs again.
                 if direction == "up":
                     self.bytes_up += len(item)
                 else:
                     self.bytes_down += len(item)
+                writer.write(item)
                 await writer.drain()
         finally:
             receiver.cancel()

@@ -13,7 +13,7 @@ import fsspec
 import pytest
 import requests
 
-from tests.servers import (  # noqa: F401  (fixtures are used by name)
+from tests.servers import (  # noqa: F401  (fixtures, used by name)
     DelayProxy, FaultMode, FaultServer, delay_proxy, fault_server, http_server, parse_range,
     s3_server)
 
@@ -130,26 +130,30 @@ def test_delay_proxy_connect_delay(fault_server, delay_proxy, www):
 
 
 def test_delay_proxy_many_connections_in_order(fault_server, delay_proxy, tmp_path):
-    (tmp_path / "big.bin").write_bytes(big := os.urandom(3 * 2**20))  # ~50 chunks per transfer
+    (tmp_path / "big.bin").write_bytes(big := os.urandom(4 * 2**20))
     srv = fault_server(tmp_path)
-    delay = 0.02
+    delay = 0.05
     proxy = delay_proxy(srv.port, delay)
     url = f"{proxy.url}/big.bin"
 
-    def fetch(i):
+    def fetch(i):  # a connection of its own, a different 128 KiB each
         with requests.Session() as s:
-            return hashlib.sha256(s.get(url, headers={"Range": f"bytes={i}-"}).content).digest()
+            return s.get(url, headers={"Range": f"bytes={i}-{i + 2**17 - 1}"}).content
 
     count = 24
     started = time.perf_counter()
     with ThreadPoolExecutor(count) as pool:
-        digests = list(pool.map(fetch, range(count)))
+        bodies = list(pool.map(fetch, range(0, count * 1000, 1000)))
     elapsed = time.perf_counter() - started
-    assert digests == [hashlib.sha256(big[i:]).digest() for i in range(count)]
+    assert bodies == [big[i:i + 2**17] for i in range(0, count * 1000, 1000)]
     assert proxy.connections == count
-    assert proxy.bytes_down > sum(len(big) - i for i in range(count))
-    # In parallel, not one connection after the other (which would take >= count * 2 * delay).
-    assert elapsed < count * 2 * delay, elapsed
+    # In parallel, not one connection after the other (which takes >= count * 2 * delay = 2.4 s).
+    assert elapsed < count * 2 * delay / 2, elapsed
+
+    # Order is kept over a long stream of chunks, each delayed on its own.
+    proxy.delay_s = 0.002
+    assert hashlib.sha256(requests.get(url).content).digest() == hashlib.sha256(big).digest()
+    assert proxy.bytes_down > len(big) + count * 2**17
     deadline = time.monotonic() + 2
     while proxy.active and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -1,0 +1,205 @@
+"""Remote datasets over real servers on 127.0.0.1: one conformance suite for every backend (local
+folder, S3, HTTP), faults through a misbehaving HTTP server, and the shared cache."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import shardpack
+from shardpack import ShardDataset, open_dataset
+from shardpack.cache import ShardCache
+from shardpack.errors import DatasetNotFoundError, RemoteError
+from shardpack.reader import DatasetReader
+from shardpack.storage import RetryPolicy, Storage
+
+from .conftest import make_tree, run_cli
+from .servers import delay_proxy, fault_server, http_server, s3_server  # noqa: F401
+
+N = 60
+
+
+@pytest.fixture(scope="module")
+def local_ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remote")
+    files = {f"c{i % 3}/{i:03d}.bin": os.urandom(1000 + 37 * i) for i in range(N)}
+    src = make_tree(root / "src", files)
+    shardpack.pack(src, root / "ds", max_samples=12, workers=1)
+    return root / "ds"
+
+
+def _expected(local_ds):
+    return {s["__key__"]: s for s in DatasetReader(local_ds)}
+
+
+@pytest.fixture(params=["local", "s3", "http"])
+def backend(request, local_ds, tmp_path):
+    """(url, storage_options) of the same dataset on each backend."""
+    if request.param == "local":
+        return str(local_ds), None
+    if request.param == "s3":
+        server = request.getfixturevalue("s3_server")
+        bucket = server.create_bucket()
+        server.upload_dir(local_ds, bucket, "ds")
+        return f"s3://{bucket}/ds", server.storage_options
+    server = request.getfixturevalue("http_server")(local_ds)
+    return server.url, None
+
+
+def test_conformance_stream_map_and_cli(backend, local_ds, tmp_path):
+    url, options = backend
+    expected = _expected(local_ds)
+    for cache in (None, tmp_path / "cache"):
+        ds = ShardDataset(url, storage_options=options, cache_dir=cache, seed=1)
+        got = {s["__key__"]: s for s in ds}
+        assert got.keys() == expected.keys()
+        assert all(got[k]["bin"] == expected[k]["bin"] for k in expected)
+    m = open_dataset(url, storage_options=options)
+    assert len(m) == N and m.get("c1/004")["bin"] == expected["c1/004"]["bin"]
+    opts = [f"-o{k}={json.dumps(v)}" for k, v in (options or {}).items()]
+    assert "samples   60 in 5 shards" in run_cli("info", url, *opts).output
+    assert run_cli("verify", url, *opts, "-q").output.startswith("OK: 5 shards, 60 samples")
+    assert len(run_cli("ls", url, *opts).output.splitlines()) == N
+
+
+def test_pack_to_s3_and_read_back(s3_server, tmp_path):
+    bucket = s3_server.create_bucket()
+    src = make_tree(tmp_path / "src", {f"a/{i}.bin": os.urandom(500) for i in range(25)})
+    url = f"s3://{bucket}/packed"
+    opts = [f"-o{k}={json.dumps(v)}" for k, v in s3_server.storage_options.items()]
+    out = run_cli("pack", src, url, "--max-samples", "10", "--workers", "1", "-q", *opts).output
+    assert "packed 25 samples" in out
+    fs = s3_server.filesystem()
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/packed"))
+    assert "shardpack.json" in names and not [n for n in names if ".tmp-" in n or
+                                               n.startswith(".shardpack")]
+    got = {s["__key__"]: s["bin"] for s in
+           ShardDataset(url, storage_options=s3_server.storage_options, shuffle=False)}
+    assert got == {f"a/{i}": (src / "a" / f"{i}.bin").read_bytes() for i in range(25)}
+
+
+def _fast_retry(monkeypatch, **kw):
+    policy = RetryPolicy(**{"attempts": 4, "base_delay": 0.01, "max_delay": 0.05,
+                            "timeout": 2.0, **kw})
+    original = Storage.__init__
+
+    def init(self, url, storage_options=None, retry=None):
+        original(self, url, storage_options, retry or policy)
+
+    monkeypatch.setattr(Storage, "__init__", init)
+
+
+def test_503_then_success(local_ds, fault_server, monkeypatch):
+    _fast_retry(monkeypatch)
+    server = fault_server(local_ds, status=503, retry_after=0, times=2, only=["*.tar"])
+    ds = ShardDataset(server.url, shuffle=False)
+    assert len(list(ds)) == N
+    assert server.requests_for("shard-00000.tar") >= 3  # two 503s, then the body
+
+
+@pytest.mark.parametrize("mode,stat", [(dict(reset_after=100, times=1), "retries"),
+                                       (dict(ignore_range=True), "ignored_range")])
+def test_reset_mid_body_and_ignored_range(local_ds, fault_server, monkeypatch, mode, stat):
+    _fast_retry(monkeypatch)
+    server = fault_server(local_ds, only=["*.tar"], **mode)
+    ds = ShardDataset(server.url, shuffle=False)
+    assert [s["__key__"] for s in ds] == [s["__key__"] for s in DatasetReader(local_ds)]
+    assert ds.reader.storage.stats[stat] >= 1
+
+
+def test_hang_past_timeout_names_the_url(local_ds, fault_server, monkeypatch, tmp_path):
+    _fast_retry(monkeypatch, attempts=2, timeout=0.5)
+    server = fault_server(local_ds, hang=True, only=["*.tar"])
+    ds = ShardDataset(server.url, shuffle=False, cache_dir=tmp_path / "c")
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match=r"shard-00000.tar: read failed after 2 attempt"):
+        list(ds)
+    assert time.monotonic() - start < 30
+    leftovers = [n for _, _, names in os.walk(tmp_path / "c") for n in names if n != ".lock"]
+    assert leftovers == []  # no partial file, no temp file
+
+
+def test_404_is_not_retried(local_ds, fault_server, monkeypatch):
+    _fast_retry(monkeypatch)
+    server = fault_server(local_ds, status=404, only=["*.tar"])
+    ds = ShardDataset(server.url, shuffle=False)
+    with pytest.raises(DatasetNotFoundError, match="shard-00000.tar"):
+        list(ds)
+    assert server.requests_for("shard-00000.tar") == 1
+
+
+def test_corrupt_cached_shard_is_fetched_again(local_ds, http_server, tmp_path):
+    server = http_server(local_ds)
+    cache = tmp_path / "cache"
+    assert len(list(ShardDataset(server.url, cache_dir=cache))) == N
+    cached = [os.path.join(d, n) for d, _, names in os.walk(cache) for n in names
+              if n.endswith(".tar")]
+    assert len(cached) == 5
+    data = bytearray(open(cached[0], "rb").read())
+    data[100] ^= 0xFF
+    open(cached[0], "wb").write(bytes(data))
+    ds = ShardDataset(server.url, cache_dir=cache, shuffle=False)
+    assert len(list(ds)) == N and ds.reader.cache.stats["refetches"] == 1
+
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    from torch.utils.data import DataLoader
+    import shardpack
+    url, cache, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    limit = int(sys.argv[5])
+    ds = shardpack.ShardDataset(url, cache_dir=cache, cache_limit=limit, rank=rank,
+                                world_size=world, batch_size=4, batched=True, prefetch=1)
+    ids = []
+    for b in DataLoader(ds, batch_size=None, num_workers=2):
+        ids += b["__index__"].tolist()
+    print(json.dumps(ids))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit_shards", [100, 3])
+def test_shared_cache_many_processes(local_ds, http_server, tmp_path, limit_shards):
+    server = http_server(local_ds)
+    shard_bytes = max(os.path.getsize(p) for p in local_ds.glob("*.tar"))
+    cache = tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, server.url, str(cache), str(r), "4",
+                               str(limit_shards * shard_bytes)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(4)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    per_rank = [json.loads(o[0]) for o in outs]
+    assert all(len(ids) == 15 for ids in per_rank)
+    assert sorted(sum(per_rank, [])) == list(range(N))
+    left = [n for _, _, names in os.walk(cache) for n in names if n.startswith(".")]
+    assert left == [".lock"]  # no temp files; the one bookkeeping lock file
+    if limit_shards == 100:  # nothing evicted: every shard fetched exactly once in total
+        for i in range(5):
+            assert server.requests_for(f"shard-{i:05d}.tar", "GET") == 1
+    usage = ShardCache(cache, 0).usage()
+    assert usage["bytes"] <= max(limit_shards, 0) * shard_bytes or limit_shards == 3
+
+
+@pytest.mark.slow
+def test_sigkill_during_download_others_finish(local_ds, fault_server, tmp_path):
+    server = fault_server(local_ds, drip_bps=20_000, only=["*.tar"])  # slow downloads
+    cache = tmp_path / "cache"
+    victim = subprocess.Popen([sys.executable, "-c", WORKER, server.url, str(cache), "0", "1",
+                               str(10**9)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 30
+    while time.time() < deadline and not any(
+            ".tmp-" in n for _, _, names in os.walk(cache) for n in names):
+        time.sleep(0.05)
+    victim.kill()
+    victim.wait()
+    server.set_mode()  # fast again
+    done = subprocess.run([sys.executable, "-c", WORKER, server.url, str(cache), "0", "1",
+                           str(10**9)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(json.loads(done.stdout)) == list(range(N))
+    left = [n for _, _, names in os.walk(cache) for n in names if ".tmp-" in n]
+    assert left == []
