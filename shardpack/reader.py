@@ -92,7 +92,18 @@ class DatasetReader:
             return cached
         entry = self.shards[shard]
         path = self.storage.display(entry["index"])
-        data = self.storage.read_bytes(entry["index"])
+        if self.cache is not None:  # indexes are cached like shards (verified by hash)
+            meta = {"name": entry["index"], "hash": entry["index_hash"],
+                    "bytes": entry["index_bytes"]}
+            held = self.cache.open(self.storage.url, meta, lambda tmp: self.storage.download(
+                entry["index"], tmp, entry["index_bytes"]))
+            try:
+                with open(held.path, "rb") as f:
+                    data = f.read()
+            finally:
+                held.close()
+        else:
+            data = self.storage.read_bytes(entry["index"])
         if len(data) != entry["index_bytes"] or fmt.content_hash(data) != entry["index_hash"]:
             raise IntegrityError(f"index does not match the manifest ({len(data)} bytes, "
                                  f"manifest says {entry['index_bytes']})", path=path)

@@ -42,7 +42,7 @@ class RetryPolicy:
     attempts: int = 5
     base_delay: float = 0.2
     max_delay: float = 10.0
-    timeout: float = 60.0  # seconds per request (connect + read)
+    timeout: float = 30.0  # seconds per request (connect, and between reads)
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -91,7 +91,12 @@ class Storage:
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
         self.protocol = fsspec.core.split_protocol(self.url)[0] or "file"
-        self._fs, root = fsspec.core.url_to_fs(self.url, **self._options())
+        options = self._options()
+        if self.protocol not in ("file", "local"):
+            # a fresh client per Storage: fsspec's shared instances keep pooled keep-alive
+            # connections that a proxy or NAT may have dropped silently while idle
+            options["skip_instance_cache"] = True
+        self._fs, root = fsspec.core.url_to_fs(self.url, **options)
         self._pid = os.getpid()
         self.local = isinstance(self._fs, LocalFileSystem)
         self.root = root.rstrip("/") if root not in ("/", "") else root
