@@ -11,6 +11,7 @@ shardpack.json exists.
 """
 import argparse
 import datetime
+import resource
 import importlib.metadata as md
 import json
 import os
@@ -22,6 +23,7 @@ import sys
 import time
 
 import numpy as np
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "bench-data")
@@ -74,6 +76,19 @@ class RawFiles:
             return f.read(), ci
 
 
+class Replay(torch.utils.data.IterableDataset):
+    """One batch yielded `count` times in all, spread over the workers: the DataLoader alone."""
+
+    def __init__(self, batch, count):
+        super().__init__()
+        self.batch, self.count = batch, count
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        mine = range(self.count)[info.id::info.num_workers] if info else range(self.count)
+        return (self.batch for _ in mine)
+
+
 def collate_raw(samples):
     return [s[0] for s in samples], [s[1] for s in samples]
 
@@ -90,10 +105,12 @@ def make_loader(kind, path):
     """(dataset, loader, count) for one contender; count(batch) -> (samples, jpg bytes)."""
     from torch.utils.data import DataLoader
     common = dict(num_workers=WORKERS, persistent_workers=True)
-    if kind.startswith("sp-"):
+    if kind.startswith("sp-") or kind == "replay":
         import shardpack
-        if kind == "sp-batched":
+        if kind in ("sp-batched", "replay"):
             ds = shardpack.ShardDataset(path, batch_size=BATCH, batched=True, shuffle=True, seed=0)
+            if kind == "replay":  # transport only: a real batch of this dataset, over and over
+                ds = Replay(next(iter(ds)), len(ds) // BATCH)
             loader = DataLoader(ds, batch_size=None, **common)
         else:
             ds = shardpack.ShardDataset(path, batch_size=BATCH, shuffle=True, seed=0)
@@ -189,12 +206,26 @@ def wait_quiet(pattern, poll=30, limit=2400):
 
 
 # ------------------------------------------------------------------ measurement (parent side)
+def cpu_seconds():
+    """(CPU seconds the whole machine was busy, CPU seconds of our finished descendants)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    mine = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # not idle, iowait
+    return busy, mine.ru_utime + mine.ru_stime
+
+
 def child(args, timeout=900):
+    """Run this script in a subprocess; returns (its JSON, share of the CPUs that other
+    processes of the machine used meanwhile)."""
     cmd = [sys.executable, os.path.abspath(__file__)] + args
+    (busy0, mine0), t0 = cpu_seconds(), time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    (busy1, mine1), wall = cpu_seconds(), time.perf_counter() - t0
     if res.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    other = max(0.0, (busy1 - busy0) - (mine1 - mine0)) / (wall * os.cpu_count())
+    return json.loads(res.stdout.strip().splitlines()[-1]), other
 
 
 def bench_suite(contenders, reps, expected):
@@ -204,28 +235,30 @@ def bench_suite(contenders, reps, expected):
         order = contenders[rep % len(contenders):] + contenders[:rep % len(contenders)]
         for label, kind, path in order:
             try:
-                r = child(["--one", kind, path])
+                r, other = child(["--one", kind, path])
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 print(f"  rep {rep} {label} FAILED: {exc}", flush=True)
                 continue
             bad = [e["n"] for e in r if e["n"] != expected]
-            if bad:
+            if bad and kind != "replay":
                 print(f"  WRONG COUNT: {label} yielded {bad} samples, expected {expected}")
-            runs[label].append(r)
+            runs[label].append(r + [other])
             print(f"  rep {rep} {label:48s} {r[1]['n'] / r[1]['seconds']:9,.0f} samples/s, "
-                  f"1st batch {r[0]['first']:.3f} s", flush=True)
+                  f"1st batch {r[0]['first']:.3f} s, other processes {other:.0%} CPU", flush=True)
     med = statistics.median
     return {label: dict(rate=med(r[1]["n"] / r[1]["seconds"] for r in rs),
                         mbs=med(r[1]["bytes"] / r[1]["seconds"] / 1e6 for r in rs),
                         first_rate=med(r[0]["n"] / r[0]["seconds"] for r in rs),
                         ttfb=med(r[0]["first"] for r in rs),
-                        rates=[r[1]["n"] / r[1]["seconds"] for r in rs])
+                        rates=[r[1]["n"] / r[1]["seconds"] for r in rs],
+                        other=[r[2] for r in rs])
             for label, rs in runs.items() if rs}
 
 
 def speed_table(res, labels, ref):
     rows = ["| contender | samples/s | MB/s | vs best WebDataset | 1st epoch samples/s | "
-            "time to 1st batch | runs (samples/s) |", "|---|---:|---:|---:|---:|---:|---|"]
+            "time to 1st batch | runs: samples/s (CPU used by other processes) |",
+            "|---|---:|---:|---:|---:|---:|---|"]
     for label in labels:
         r = res.get(label)
         if r is None:
@@ -234,7 +267,8 @@ def speed_table(res, labels, ref):
         ratio = f"{r['rate'] / res[ref]['rate']:.2f}x" if ref in res else "-"
         rows.append(f"| {label} | {r['rate']:,.0f} | {r['mbs']:,.1f} | {ratio} | "
                     f"{r['first_rate']:,.0f} | {r['ttfb'] * 1000:.0f} ms | "
-                    f"{', '.join(f'{x:,.0f}' for x in r['rates'])} |")
+                    f"{', '.join(f'{x:,.0f} ({o:.0%})' for x, o in zip(r['rates'], r['other']))}"
+                    " |")
     return rows
 
 
@@ -378,7 +412,8 @@ def main():
             ("WebDataset, DataLoader batch_size=256, 10 shards", "wds-loader",
              sets["tiny-tar-10"]),
             ("WebDataset, .batched(256), 1 shard", "wds", sets["tiny-tar-1"]),
-            ("raw files", "raw", tiny)]))
+            ("raw files", "raw", tiny),
+            ("DataLoader alone: one shardpack batch replayed", "replay", sets["tiny-tar-1"])]))
     results = {}
     for name, title, count, tree, contenders in suites:
         print(f"== {title}: warming the page cache", flush=True)
@@ -390,7 +425,7 @@ def main():
         print("== time to first batch, 1M msgpack", flush=True)
         warm(sets["big"])
         for label, batched in (("batched=True", "1"), ("sample path + collate", "0")):
-            ttfb[label] = [child(["--ttfb", sets["big"], batched]) for _ in range(args.reps)]
+            ttfb[label] = [child(["--ttfb", sets["big"], batched])[0] for _ in range(args.reps)]
             print(f"  {label}: {[round(r['ttfb'], 3) for r in ttfb[label]]}", flush=True)
     print("== shuffle quality", flush=True)
     quality = shuffle_quality(sets["img-tar-10"])
