@@ -1,7 +1,6 @@
 """ShardDataset and open_dataset in real DataLoaders: exact-once, epochs, resume, errors."""
 
 import json
-import os
 import warnings
 
 import numpy as np

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardpack
-from shardpack import format as fmt
 from shardpack.reader import DatasetReader
 from shardpack.unpack import unpack
 

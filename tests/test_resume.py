@@ -1,6 +1,5 @@
 """A pack killed with SIGKILL at random points, then resumed, equals an uninterrupted pack."""
 
-import os
 import random
 import signal
 import subprocess
