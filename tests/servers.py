@@ -345,8 +345,9 @@ class S3Server:
     ``--vfs-read-wait 0`` (else every ranged GET waits 20 ms for an in-sequence read),
     ``--etag-hash`` xxh3 by default (rclone hashes the whole file on every HEAD/GET to make the ETag;
     MD5 costs ~2 ms per MB and request, xxh3 ~0.3; "" turns ETags off, but s3fs sends them back as
-    If-Match, so keep one), ``--dir-cache-time 0s`` (files copied straight into ``data_dir`` are seen
-    at once) and ``-vv`` (one log line per object request: that is how requests are counted).
+    If-Match, so keep one), ``--dir-cache-time 1s`` (files copied straight into ``data_dir`` are seen
+    within a second; 0s makes rclone re-scan without pause and flood its -vv log, gigabytes in
+    minutes, which request counting then has to read) and ``-vv`` (one log line per object request: that is how requests are counted).
     Keys shorter than about 16 characters are refused by rclone's signature check, hence the
     long defaults.
     """
@@ -393,7 +394,7 @@ class S3Server:
                "--cache-dir", str(self.workdir / "cache"),
                "--etag-hash", self.etag_hash,
                "--vfs-read-wait", "0",
-               "--dir-cache-time", "0s", "--poll-interval", "0",
+               "--dir-cache-time", "1s", "--poll-interval", "0",
                "-vv" if self.count_requests else "-v"]
         started = time.monotonic()
         try:

@@ -324,8 +324,9 @@ def test_s3_storage_options_and_env(s3_server, monkeypatch, tmp_path):
         f"{bucket}/pre/one.bin", f"{bucket}/pre/sub/two.bin"]
     with fsspec.open(f"s3://{bucket}/pre/sub/two.bin", "rb", **s3_server.storage_options) as f:
         assert f.read() == b"two"
-    # files put straight into the data folder are served at once
+    # files put straight into the data folder are served once rclone's 1 s dir cache expires
     (s3_server.data_dir / bucket / "direct.bin").write_bytes(b"direct")
+    time.sleep(1.2)
     assert s3_server.filesystem().cat_file(f"{bucket}/direct.bin") == b"direct"
     # the environment variables alone are enough for boto-based code (e.g. in a subprocess)
     for name, value in s3_server.env.items():
