@@ -14,11 +14,13 @@ from .errors import (  # noqa: E402
     UnsafePathError,
     VersionError,
 )
+from .convert import convert  # noqa: E402
 from .pack import PackSummary, pack  # noqa: E402
 from .reader import DatasetReader, open_reader  # noqa: E402
 
 _TORCH_API = {"CpuDecode": "decode", "DeviceLoader": "device", "Batch": "batches", "ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
-              "BytesBatch": "batches", "collate": "batches", "pack_bytes": "batches"}
+              "BytesBatch": "batches", "collate": "batches", "pack_bytes": "batches",
+              "export": "export"}  # export: loads pyarrow only for Parquet
 
 
 def __getattr__(name):
@@ -50,6 +52,8 @@ __all__ = [
     "VersionError",
     "__version__",
     "collate",
+    "convert",
+    "export",
     "open_dataset",
     "open_reader",
     "pack",

@@ -66,39 +66,60 @@ def main():
     """
 
 
+def _shard_options(fn):
+    """The options ``pack`` and ``convert`` share (what the shards look like, how to run)."""
+    options = [
+        click.option("--format", "shard_format", type=click.Choice(fmt.SHARD_FORMATS),
+                     default="tar", show_default=True,
+                     help="tar: plain POSIX tar that WebDataset and `tar` read; msgpack: "
+                          "shardpack's own records, cheaper to parse, CRC32C per record."),
+        click.option("--shard-size", default="256MB", show_default=True,
+                     help="Target shard size (B, KB, MB, GB, KiB, MiB, GiB). A sample larger "
+                          "than this goes alone into its own shard."),
+        click.option("--max-samples", type=click.IntRange(min=1), default=None,
+                     help="Also end a shard after this many samples."),
+        click.option("--compression", type=click.Choice(fmt.COMPRESSIONS), default="none",
+                     show_default=True, help="Per-record zstd (msgpack shards only)."),
+        click.option("--zstd-level", type=click.IntRange(1, 22), default=3, show_default=True),
+        click.option("--workers", type=click.IntRange(min=1), default=None,
+                     help="Processes writing shards in parallel [default: all cores]."),
+        click.option("--resize", type=click.IntRange(min=1), default=None,
+                     metavar="SHORT_SIDE",
+                     help="Shrink JPEG/PNG/WebP images so the shorter side is SHORT_SIDE "
+                          "(never upscales), once, at pack time."),
+        click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
+                     help="JPEG/WebP quality when --resize re-encodes."),
+        click.option("--skip-bad", is_flag=True,
+                     help="Skip and count bad entries (special files, broken or outside links, "
+                          "unreadable or changing files, corrupt images with --resize, bad "
+                          "samples of a converted source) instead of stopping at the first."),
+        click.option("--resume", is_flag=True,
+                     help="Continue an interrupted run into OUT: keeps complete shards, redoes "
+                          "the rest."),
+        click.option("--overwrite", is_flag=True, help="Replace the dataset already in OUT."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+        storage_option,
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _report(summary) -> None:
+    for line in summary.first_skips[:10]:
+        click.echo(f"skipped: {line}", err=True)
+    for line in getattr(summary, "notes", []):
+        click.echo(f"note: {line}", err=True)
+    click.echo(summary.line())
+
+
 @main.command()
 @click.argument("src", type=click.Path(path_type=str))
 @click.argument("out", type=str)
-@click.option("--format", "shard_format", type=click.Choice(fmt.SHARD_FORMATS), default="tar",
-              show_default=True, help="tar: plain POSIX tar that WebDataset and `tar` read; "
-              "msgpack: shardpack's own records, cheaper to parse, CRC32C per record.")
-@click.option("--shard-size", default="256MB", show_default=True,
-              help="Target shard size (B, KB, MB, GB, KiB, MiB, GiB). A sample larger than this "
-                   "goes alone into its own shard.")
-@click.option("--max-samples", type=click.IntRange(min=1), default=None,
-              help="Also end a shard after this many samples.")
-@click.option("--compression", type=click.Choice(fmt.COMPRESSIONS), default="none",
-              show_default=True, help="Per-record zstd (msgpack shards only).")
-@click.option("--zstd-level", type=click.IntRange(1, 22), default=3, show_default=True)
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Processes writing shards in parallel [default: all cores].")
-@click.option("--resize", type=click.IntRange(min=1), default=None, metavar="SHORT_SIDE",
-              help="Shrink JPEG/PNG/WebP images so the shorter side is SHORT_SIDE (never "
-                   "upscales), once, at pack time.")
-@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
-              help="JPEG/WebP quality when --resize re-encodes.")
 @click.option("--layout", type=click.Choice(["auto", "imagefolder", "files"]), default="auto",
               show_default=True, help="imagefolder: class subfolders add an integer field `cls`; "
               "auto picks it when every top-level entry is a folder.")
-@click.option("--skip-bad", is_flag=True,
-              help="Skip and count bad entries (special files, broken or outside links, "
-                   "unreadable or changing files, corrupt images with --resize) instead of "
-                   "stopping at the first.")
-@click.option("--resume", is_flag=True,
-              help="Continue an interrupted pack into OUT: keeps complete shards, redoes the rest.")
-@click.option("--overwrite", is_flag=True, help="Replace the dataset already in OUT.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@storage_option
+@_shard_options
 def pack(src, out, storage_options, shard_format, shard_size, max_samples, compression,
          zstd_level, workers, resize, quality, layout, skip_bad, resume, overwrite, quiet):
     """Pack the files under SRC into shards at OUT.
@@ -115,8 +136,71 @@ def pack(src, out, storage_options, shard_format, shard_size, max_samples, compr
                        workers=workers, resume=resume, overwrite=overwrite,
                        progress=not quiet and sys.stderr.isatty(),
                        storage_options=_parse_options(storage_options))
-    for line in summary.first_skips[:10]:
-        click.echo(f"skipped: {line}", err=True)
+    _report(summary)
+
+
+CONVERT_FROM = ["auto", "webdataset", "mds", "litdata", "parquet", "imagefolder", "csv", "jsonl"]
+
+
+@main.command()
+@click.argument("src", type=str)
+@click.argument("out", type=str)
+@click.option("--from", "from_", type=click.Choice(CONVERT_FROM), default="auto",
+              show_default=True,
+              help="Format of SRC. auto: a .tar/.tgz file or folder of them = webdataset; "
+                   "index.json = MDS or LitData (read from it); .parquet file or folder = "
+                   "parquet; .csv/.jsonl = listing; a folder of class folders = imagefolder.")
+@click.option("--allow-pickle", is_flag=True,
+              help="Accept pickle-encoded columns (MDS `pkl`, LitData `pickle`) and carry their "
+                   "bytes unchanged. Refused by default: unpickling them later runs code from "
+                   "the file.")
+@_shard_options
+def convert(src, out, from_, allow_pickle, storage_options, shard_format, shard_size,
+            max_samples, compression, zstd_level, workers, resize, quality, skip_bad, resume,
+            overwrite, quiet):
+    """Convert a WebDataset, MDS, LitData, Parquet/Hugging Face, ImageFolder or CSV/JSONL
+    dataset at SRC into a shardpack dataset at OUT.
+
+    Field bytes and labels are kept exactly; source metadata the manifest cannot hold is
+    reported as `note:` lines and recorded in the manifest. SRC may be local or remote
+    (s3://, https://; -o options apply to SRC and OUT). Same shard options as `pack`.
+
+    \b
+    Examples:
+      shardpack convert /data/wds-shards out/            # a folder of .tar shards
+      shardpack convert s3://bucket/mds-train out/ -o client_kwargs.endpoint_url=http://host:9000
+      shardpack convert train.parquet out/ --format msgpack
+    """
+    from .convert import convert as run_convert
+
+    summary = run_convert(src, out, from_=from_, allow_pickle=allow_pickle, format=shard_format,
+                          shard_size=shard_size, max_samples=max_samples,
+                          compression=compression, zstd_level=zstd_level, resize=resize,
+                          quality=quality, skip_bad=skip_bad, workers=workers, resume=resume,
+                          overwrite=overwrite, progress=not quiet and sys.stderr.isatty(),
+                          storage_options=_parse_options(storage_options))
+    _report(summary)
+
+
+@main.command()
+@click.argument("dataset")
+@click.argument("out", type=str)
+@click.option("--to", "to", type=click.Choice(["webdataset", "files", "parquet"]), required=True,
+              help="webdataset: tar shards the webdataset library reads (<key>.<field> members); "
+                   "files: a file tree OUT/<key>.<field> (like unpack); parquet: one column "
+                   "per field, images as binary.")
+@click.option("--shard-size", default="256MB", show_default=True,
+              help="Target size of each output tar or Parquet file.")
+@click.option("--overwrite", is_flag=True, help="Replace what OUT holds.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@storage_option
+def export(dataset, out, to, shard_size, overwrite, quiet, storage_options):
+    """Write DATASET out in another format: WebDataset tar shards, plain files or Parquet."""
+    from .export import export as run_export
+
+    summary = run_export(dataset, out, to=to, storage_options=_parse_options(storage_options),
+                         shard_size=shard_size, overwrite=overwrite,
+                         progress=not quiet and sys.stderr.isatty())
     click.echo(summary.line())
 
 

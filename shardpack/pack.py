@@ -43,6 +43,7 @@ class PackSummary:
     first_skips: list = field(default_factory=list)
     fields: list = field(default_factory=list)
     classes: list | None = None
+    notes: list = field(default_factory=list)
 
     def line(self) -> str:
         rate = self.source_bytes / self.seconds / 1e6 if self.seconds else 0.0
@@ -75,11 +76,26 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
                           skip_bad=skip_bad, layout=layout)
     if resume and overwrite:
         raise ShardpackError("--resume and --overwrite exclude each other")
-    started = time.perf_counter()
     source = Source(src, layout=layout, skip_bad=skip_bad)
+    return pack_source(source, out, options, origin={"source": os.path.abspath(os.fspath(src))},
+                       workers=workers, resume=resume, overwrite=overwrite, executor=executor,
+                       progress=progress, storage_options=storage_options)
+
+
+def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int | None = None,
+                resume: bool = False, overwrite: bool = False, executor: Executor | None = None,
+                progress: bool = False, storage_options: dict | None = None,
+                source_options: dict | None = None) -> PackSummary:
+    """The pipeline behind ``pack`` and ``convert``: any ``source`` (an iterable of
+    :class:`~shardpack.samples.SourceSample` with ``.src`` and ``.report``) -> plan -> shards on
+    the executor -> manifest.  ``origin`` identifies the source in the resume state (a resume
+    must come from the same source and options); ``origin["from"]``, when set, names the format
+    a conversion read and is recorded in the manifest with the report's notes."""
+    if resume and overwrite:
+        raise ShardpackError("--resume and --overwrite exclude each other")
+    started = time.perf_counter()
     storage = Storage(out, storage_options)
-    state = {"shardpack": __version__, "source": os.path.abspath(os.fspath(src)),
-             "options": options.as_dict()}
+    state = {"shardpack": __version__, **origin, "options": options.as_dict()}
     _prepare_out(storage, state, resume=resume, overwrite=overwrite)
     summary = PackSummary(out=storage.url)
     results: dict[int, ShardResult] = {}
@@ -93,7 +109,8 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
     try:
         tasks = _count(plan(source, options), planned, bar)
         for result, reused in _run(tasks, executor, storage, resume,
-                                   limit=2 * (workers or os.cpu_count() or 1)):
+                                   limit=2 * (workers or os.cpu_count() or 1),
+                                   source_options=source_options):
             results[result.number] = result
             summary.reused_shards += reused
             if bar is not None:
@@ -102,7 +119,7 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
         if not results:
             raise ShardpackError("no samples found in the source", path=source.src,
                                  hint="check SRC, or the skip counts of --skip-bad")
-        _finish(storage, source, results, options, summary)
+        _finish(storage, source, results, options, summary, origin.get("from"))
     except BaseException:
         if own_pool is not None:
             own_pool.shutdown(wait=True, cancel_futures=True)
@@ -155,6 +172,12 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
             except (FileNotFoundError, ValueError):
                 raise ShardpackError("output has shards but no pack state to resume from",
                                      path=storage.url, hint="use --overwrite") from None
+            for what in ("source", "from"):
+                if previous.get(what) != state.get(what):
+                    raise ShardpackError(f"--resume with a different {what} than the "
+                                         f"interrupted run: was {previous.get(what)!r}, now "
+                                         f"{state.get(what)!r}", path=storage.url,
+                                         hint="rerun with the same source, or use --overwrite")
             if previous.get("options") != state["options"]:
                 raise ShardpackError(f"--resume with different options than the interrupted "
                                      f"pack: was {previous.get('options')}, now "
@@ -185,7 +208,8 @@ def _count(tasks, planned: dict, bar):
         yield task
 
 
-def _run(tasks, executor, storage: Storage, resume: bool, limit: int):
+def _run(tasks, executor, storage: Storage, resume: bool, limit: int,
+         source_options: dict | None = None):
     """Yield (result, reused) for every task; at most ``limit`` tasks in flight."""
     pending: list[tuple[ShardTask, Future]] = []
     for task in tasks:
@@ -195,10 +219,10 @@ def _run(tasks, executor, storage: Storage, resume: bool, limit: int):
                 yield kept, 1
                 continue
         if executor is None:
-            yield write_shard(task, storage.url, _options_of(storage)), 0
+            yield write_shard(task, storage.url, _options_of(storage), source_options), 0
             continue
         pending.append((task, executor.submit(write_shard, task, storage.url,
-                                              _options_of(storage))))
+                                              _options_of(storage), source_options)))
         while len(pending) >= limit:
             yield _result(*pending.pop(0)), 0
     while pending:
@@ -221,8 +245,8 @@ def _result(task: ShardTask, future: Future) -> ShardResult:
                         hint="rerun with --resume to keep the shards already written") from exc
 
 
-def _finish(storage: Storage, source: Source, results: dict, options: PackOptions,
-            summary: PackSummary) -> None:
+def _finish(storage: Storage, source, results: dict, options: PackOptions,
+            summary: PackSummary, converted_from: str | None = None) -> None:
     ordered = [results[i] for i in sorted(results)]
     skipped = Counter(source.report.skipped)
     for r in ordered:
@@ -248,6 +272,8 @@ def _finish(storage: Storage, source: Source, results: dict, options: PackOption
         if options.resize else None,
         "shards": [r.manifest_entry() for r in ordered],
     }
+    if converted_from:
+        manifest["source"] = {"from": converted_from, "notes": list(source.report.notes)}
     # shards numbered past the plan's end come from an older, longer run: remove them
     for name in storage.listdir():
         if name.startswith("shard-") and _is_ours(name):
@@ -264,6 +290,7 @@ def _finish(storage: Storage, source: Source, results: dict, options: PackOption
     summary.skipped = dict(skipped)
     summary.fields = fields
     summary.classes = source.report.classes
+    summary.notes = list(source.report.notes)
 
 
 def _progress(enabled: bool):

@@ -34,11 +34,21 @@ LAYOUTS = ("auto", "imagefolder", "files")
 
 
 class SourceField(NamedTuple):
+    """One field of a source sample, in one of three forms:
+
+    * a whole file: ``path`` set, ``offset`` None (``pack`` of a file tree);
+    * a byte range of a container file: ``path`` is the container's URL and ``offset`` where the
+      field's ``size`` bytes start (``convert`` of uncompressed tar, MDS or LitData shards);
+    * an inline value: ``path`` None and ``value`` the bytes (class index, listing column, fields
+      that a converter had to decode from compressed or columnar sources).
+    """
+
     name: str
-    path: str | None      # file to read, or None for an inline value
+    path: str | None      # file to read, or container URL, or None for an inline value
     size: int
     mtime_ns: int
     value: bytes | None = None  # inline value (class index, listing column)
+    offset: int | None = None   # start of the field inside the container ``path``
 
 
 class SourceSample(NamedTuple):
@@ -59,6 +69,7 @@ class SourceReport:
     skipped: Counter = field(default_factory=Counter)
     hidden: int = 0
     first_skips: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # source metadata that was not carried over
 
 
 class Source:

@@ -7,7 +7,6 @@ what ``--resume`` relies on.  Runs in worker processes: it takes everything from
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from collections import Counter
@@ -107,9 +106,52 @@ class _Sink:
             self.buf = bytearray()
 
 
-def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = None) -> ShardResult:
+class RangeReader:
+    """Reads byte-range fields of container files (``SourceField.offset`` set) through a sliding
+    window: one read of at least ``window`` bytes serves all the fields that follow in it, so a
+    shard converted from a tar or MDS file costs a few large reads, not one per field.  Any
+    storage fsspec reaches works; a local container is refused if it changed since the plan."""
+
+    def __init__(self, storage_options: dict | None = None, window: int = 16 << 20):
+        self.options = storage_options
+        self.window = window
+        self.storages: dict[str, tuple[Storage, str]] = {}
+        self.sizes: dict[str, int] = {}
+        self.path = None
+        self.start = self.end = 0
+        self.buf = b""
+
+    def read(self, f: SourceField) -> bytes:
+        start, end = f.offset, f.offset + f.size
+        if f.path != self.path or start < self.start or end > self.end:
+            self._fill(f, start, end)
+        return self.buf[start - self.start:end - self.start]
+
+    def _fill(self, f: SourceField, start: int, end: int) -> None:
+        if f.path not in self.storages:
+            parent, _, name = f.path.rpartition("/")
+            storage = Storage(parent or ".", self.options)
+            self.storages[f.path] = (storage, name)
+            self.sizes[f.path] = storage.size(name)
+            if storage.local and f.mtime_ns and os.stat(f.path).st_mtime_ns != f.mtime_ns:
+                raise SourceError("file changed during the conversion", path=f.path,
+                                  hint="convert again once the source is stable")
+        storage, name = self.storages[f.path]
+        size = self.sizes[f.path]
+        if end > size:
+            raise SourceError(f"field '{f.name}' runs past the end of the file ({end} > {size} "
+                              "bytes): truncated or changed since it was indexed", path=f.path)
+        stop = min(size, max(end, start + self.window))
+        self.buf = b""  # let the old window go before the next one is read
+        self.buf = storage.read_bytes(name, start, stop)
+        self.path, self.start, self.end = f.path, start, stop
+
+
+def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = None,
+                source_options: dict | None = None) -> ShardResult:
     opts = task.options
     storage = Storage(out_url, storage_options)
+    ranges = RangeReader(source_options)
     names = sorted({f.name for s in task.samples for f in s.fields})
     column = {n: i for i, n in enumerate(names)}
     width = len(names)
@@ -133,8 +175,7 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
             sink.write(fmt.msgpack_file_header())
         for sample in task.samples:
             try:
-                fields = [(sf.name, sf.value if sf.path is None else prepare(sf, opts))
-                          for sf in sample.fields]
+                fields = [(sf.name, prepare(sf, opts, ranges)) for sf in sample.fields]
             except SourceError as exc:
                 if not opts.skip_bad:
                     raise
@@ -228,16 +269,16 @@ def _tar_record(key: str, fields: list[tuple[str, bytes]]) -> tuple[bytes, list[
     return b"".join(parts), offsets
 
 
-def _read_only(sf: SourceField, opts) -> bytes:
-    return read_field(sf)
+def _read_only(sf: SourceField, opts, ranges: RangeReader) -> bytes:
+    if sf.path is None:
+        return sf.value
+    return read_field(sf) if sf.offset is None else ranges.read(sf)
 
 
-def _prepared(sf: SourceField, opts) -> bytes:
-    data = read_field(sf)
-    if opts.resize and sf.path is not None and is_image_field(sf.name):
-        data = resize_image(data, sf.name, opts.resize, opts.quality, sf.path)
+def _prepared(sf: SourceField, opts, ranges: RangeReader) -> bytes:
+    data = _read_only(sf, opts, ranges)
+    if opts.resize and is_image_field(sf.name):
+        where = (f"field '{sf.name}'" if sf.path is None else sf.path if sf.offset is None
+                 else f"{sf.path} at byte {sf.offset}")
+        data = resize_image(data, sf.name, opts.resize, opts.quality, where)
     return data
-
-
-def is_enospc(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC

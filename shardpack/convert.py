@@ -1,0 +1,138 @@
+"""Other tools' datasets -> a shardpack dataset: ``shardpack convert SRC OUT --from FORMAT``.
+
+A conversion is a pack whose samples come from a reader of another format
+(:mod:`shardpack.sources`) instead of a file walk: same planner, same shard writer, same options,
+same atomic publish and ``--resume``.  Sources are read through the storage layer, so SRC may be a
+local path or any fsspec URL (``s3://``, ``https://``); ImageFolder, CSV and JSONL sources are
+local file trees and go through ``pack`` itself.
+
+Format detection (``--from auto``), documented in docs/convert.md:
+
+* a file: ``.tar``/``.tar.gz``/``.tgz`` -> webdataset, ``.parquet`` -> parquet, ``.csv`` -> csv,
+  ``.jsonl`` -> jsonl;
+* a folder with ``index.json``: MDS when its shards say ``"format": "mds"``, LitData when it has
+  ``chunks`` and ``config``;
+* a folder of tar files -> webdataset; of parquet files -> parquet (both: ambiguous, an error);
+* a local folder holding only sub-folders -> imagefolder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+
+from .errors import SourceError
+from .pack import PackSummary, pack, pack_source
+from .plan import PackOptions, parse_size
+from .storage import Storage
+
+CONTAINER_FORMATS = {  # --from name -> (module, class) under shardpack.sources
+    "webdataset": ("webdataset", "WebDatasetSource"),
+    "mds": ("mds", "MDSSource"),
+    "litdata": ("litdata", "LitDataSource"),
+    "parquet": ("parquet", "ParquetSource"),
+}
+PACK_FORMATS = ("imagefolder", "csv", "jsonl")
+FORMATS = tuple(CONTAINER_FORMATS) + PACK_FORMATS
+
+
+def source_class(name: str):
+    module, cls = CONTAINER_FORMATS[name]
+    return getattr(importlib.import_module(f"shardpack.sources.{module}"), cls)
+
+
+def detect_format(src, storage_options: dict | None = None) -> str:
+    """The ``--from`` format of ``src``, or a :class:`SourceError` saying why it is ambiguous."""
+    src = os.fspath(src)
+    storage = Storage(src, storage_options)
+    lowered = src.rstrip("/").lower()
+    if lowered.endswith((".tar", ".tar.gz", ".tgz")):
+        return "webdataset"
+    for suffix, name in ((".parquet", "parquet"), (".csv", "csv"), (".jsonl", "jsonl")):
+        if lowered.endswith(suffix):
+            return name
+    names = storage.listdir()
+    if not names and not storage.exists():
+        raise SourceError("source does not exist", path=src)
+    if "index.json" in names:
+        found = _index_kind(storage.read_bytes("index.json"))
+        if found:
+            return found
+        raise SourceError("index.json is neither an MDS nor a LitData index",
+                          path=storage.display("index.json"), hint="pass --from")
+    tars = [n for n in names if n.endswith((".tar", ".tar.gz", ".tgz"))]
+    parquets = [n for n in names if n.endswith(".parquet")]
+    if tars and parquets:
+        raise SourceError("source holds both tar and parquet files: cannot tell the format",
+                          path=src, hint="pass --from webdataset or --from parquet")
+    if tars:
+        return "webdataset"
+    if parquets:
+        return "parquet"
+    visible = [n for n in names if not n.startswith(".")]
+    if storage.local and visible and all(os.path.isdir(storage.path(n)) for n in visible):
+        subs = [n for n in visible
+                if any(x.endswith(".parquet") for x in os.listdir(storage.path(n)))]
+        return "parquet" if subs and len(subs) == len(visible) and "data" in visible \
+            else "imagefolder"
+    raise SourceError("cannot tell the source format", path=src,
+                      hint=f"pass --from, one of {', '.join(FORMATS)}")
+
+
+def _index_kind(data: bytes) -> str | None:
+    try:
+        index = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(index, dict):
+        return None
+    shards = index.get("shards")
+    if isinstance(shards, list) and shards and isinstance(shards[0], dict) \
+            and shards[0].get("format") == "mds":
+        return "mds"
+    if "chunks" in index and "config" in index:
+        return "litdata"
+    return None
+
+
+def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
+            format: str = "tar", shard_size="256MB", max_samples: int | None = None,
+            compression: str = "none", zstd_level: int = 3, resize: int | None = None,
+            quality: int = 90, skip_bad: bool = False, workers: int | None = None,
+            resume: bool = False, overwrite: bool = False, executor=None,
+            progress: bool = False, storage_options: dict | None = None) -> PackSummary:
+    """Convert a dataset in another format (``from_``: one of :data:`FORMATS`, or ``"auto"``)
+    into a shardpack dataset at ``out``; the options are those of :func:`shardpack.pack`.
+
+    ``storage_options`` apply to both SRC and OUT.  Pickle-encoded columns (MDS ``pkl``,
+    LitData's pickle serializer) are refused unless ``allow_pickle``: unpickling runs code from
+    the file."""
+    src = os.fspath(src)
+    name = detect_format(src, storage_options) if from_ in (None, "auto") else from_
+    if name not in FORMATS:
+        raise SourceError(f"unknown --from format {name!r}: expected one of {FORMATS}")
+    common = dict(format=format, shard_size=shard_size, max_samples=max_samples,
+                  compression=compression, zstd_level=zstd_level, resize=resize,
+                  quality=quality, skip_bad=skip_bad, workers=workers, resume=resume,
+                  overwrite=overwrite, executor=executor, progress=progress,
+                  storage_options=storage_options)
+    if name in PACK_FORMATS:
+        if name == "imagefolder":
+            if not os.path.isdir(src):
+                raise SourceError("an ImageFolder source must be a local folder", path=src)
+            return pack(src, out, layout="imagefolder", **common)
+        if not src.endswith(f".{name}"):
+            raise SourceError(f"--from {name} needs a .{name} listing file", path=src)
+        return pack(src, out, **common)
+    options = PackOptions(shard_format=format, shard_size=parse_size(shard_size),
+                          max_samples=max_samples, compression=compression,
+                          zstd_level=zstd_level, resize=resize, quality=quality,
+                          skip_bad=skip_bad, layout=name)
+    source = source_class(name)(src, storage_options=storage_options, skip_bad=skip_bad,
+                                allow_pickle=allow_pickle)
+    origin = {"source": os.path.abspath(src) if source.storage.local else src, "from": name,
+              "allow_pickle": allow_pickle}
+    return pack_source(source, out, options, origin=origin, workers=workers, resume=resume,
+                       overwrite=overwrite, executor=executor, progress=progress,
+                       storage_options=storage_options, source_options=storage_options)

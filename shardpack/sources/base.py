@@ -1,0 +1,130 @@
+"""What every converter's source shares: where the files are, the report, and the checks that
+turn (key, fields) pairs from any format into valid, unique samples.
+
+A subclass implements :meth:`ContainerSource.samples` and yields ``(key, fields, where)``:
+``key`` as the source has it (or None to get a stable one made from the sample's position),
+``fields`` a list of :class:`~shardpack.samples.SourceField`, ``where`` a short text naming the
+source file and member/row for error messages.  Keys are checked for safety and uniqueness here,
+field names against the format's rules; with ``skip_bad`` a bad sample is skipped and counted by
+reason, otherwise it raises :class:`~shardpack.errors.SourceError`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar, Iterator
+
+from ..errors import SourceError
+from ..format import check_field_name, unsafe_name_reason
+from ..samples import SourceField, SourceReport, SourceSample
+from ..storage import Storage
+
+
+class ContainerSource:
+    format: ClassVar[str] = ""
+    suffixes: ClassVar[tuple[str, ...]] = ()  # file names this format is made of
+
+    def __init__(self, src: str | os.PathLike, *, storage_options: dict | None = None,
+                 skip_bad: bool = False, allow_pickle: bool = False):
+        self.src = os.fspath(src)
+        self.storage_options = dict(storage_options or {})
+        self.skip_bad = skip_bad
+        self.allow_pickle = allow_pickle
+        self.report = SourceReport(layout=self.format)
+        self.storage, self.single = _locate(self.src, self.storage_options)
+        self._count = 0
+
+    # -- for subclasses ----------------------------------------------------------------------
+    def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
+        raise NotImplementedError
+
+    def files(self, suffixes: tuple[str, ...] | None = None) -> list[str]:
+        """Names (relative to :attr:`storage`) of the source's data files, sorted; a single-file
+        source is that file."""
+        suffixes = suffixes or self.suffixes
+        if self.single is not None:
+            return [self.single]
+        names = [n for n in self.storage.listdir() if n.endswith(suffixes)
+                 and not n.startswith(".")]
+        if not names:
+            raise SourceError(f"no {self.format} files ({', '.join(suffixes)}) found",
+                              path=self.src, hint="check SRC and --from")
+        return names
+
+    def url(self, name: str) -> str:
+        """The URL a worker process reads ``name`` from (an absolute path when local)."""
+        return self.storage.path(name) if self.storage.local else self.storage.display(name)
+
+    def mtime_ns(self, name: str) -> int:
+        """Modification time of a local file (0 when remote): the writer refuses a file that
+        changed between indexing and reading."""
+        return os.stat(self.storage.path(name)).st_mtime_ns if self.storage.local else 0
+
+    def bad(self, where: str, reason: str, kind: str) -> None:
+        """Raise, or with ``skip_bad`` count and remember a bad entry."""
+        if not self.skip_bad:
+            raise SourceError(reason, path=where,
+                              hint="fix the source, or pass --skip-bad to skip and count such "
+                                   "samples")
+        self.report.skipped[kind] += 1
+        if len(self.report.first_skips) < 20:
+            self.report.first_skips.append(f"{where}: {reason}")
+
+    def note(self, text: str) -> None:
+        """Report source metadata that shardpack's manifest has no place for (once each)."""
+        if text not in self.report.notes:
+            self.report.notes.append(text)
+
+    # -- the checked stream ------------------------------------------------------------------
+    def __iter__(self) -> Iterator[SourceSample]:
+        seen: set[str] = set()
+        for key, fields, where in self.samples():
+            position = self._count
+            self._count += 1
+            if key is None:
+                key = f"{position:010d}"
+            elif key.startswith("./"):
+                key = key[2:]
+            why = unsafe_name_reason(key)
+            if why is None and "." in key.rsplit("/", 1)[-1]:
+                why = "key has a dot in its last part (readers split key and field at that dot)"
+            if why:
+                self.bad(where, f"sample key {key!r}: {why}", "bad-key")
+                continue
+            if key in seen:
+                self.bad(where, f"duplicate sample key {key!r} (keys must be unique across the "
+                                "whole source)", "duplicate")
+                continue
+            names = [f.name for f in fields]
+            why = next((f"field {n!r}: {r}" for n in names if (r := check_field_name(n))), None)
+            if why is None and len(set(names)) != len(names):
+                why = f"sample {key!r} has a field twice ({sorted(names)})"
+            if why is None and not fields:
+                why = f"sample {key!r} has no fields"
+            if why:
+                self.bad(where, why, "bad-field")
+                continue
+            seen.add(key)
+            yield SourceSample(key, tuple(sorted(fields)))
+
+
+def _locate(src: str, storage_options: dict) -> tuple[Storage, str | None]:
+    """(storage of the folder, None) for a folder; (storage of its parent, name) for a file."""
+    storage = Storage(src, storage_options)
+    try:
+        is_dir = storage.fs.isdir(storage.root)
+        exists = is_dir or storage.exists()
+    except Exception as exc:  # noqa: BLE001 - one clear line instead of a client traceback
+        raise SourceError(f"cannot reach the source: {type(exc).__name__}: {exc}",
+                          path=src) from None
+    if not exists:
+        raise SourceError("source does not exist", path=src)
+    if is_dir:
+        return storage, None
+    parent, _, name = src.rstrip("/").rpartition("/")
+    return Storage(parent or ".", storage_options), name
+
+
+def inline(name: str, data: bytes) -> SourceField:
+    """A field whose bytes the reader already holds (decompressed or decoded from a column)."""
+    return SourceField(name, None, len(data), 0, bytes(data))
