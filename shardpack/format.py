@@ -157,6 +157,12 @@ class TarMember:
     size: int
     data_offset: int  # offset of the data, relative to the buffer given to parse_tar_member
     end: int          # offset just past the data's padding
+    kind: str = "file"  # file, directory, hard link, symlink, character device, ...
+    typeflag: bytes = b"0"
+
+
+_TAR_KINDS = {b"0": "file", b"\0": "file", b"7": "file", b"1": "hard link", b"2": "symlink",
+              b"3": "character device", b"4": "block device", b"5": "directory", b"6": "FIFO"}
 
 
 def _octal(field: bytes, what: str, offset: int) -> int:
@@ -167,10 +173,10 @@ def _octal(field: bytes, what: str, offset: int) -> int:
         raise FormatError(f"tar header field {what} is not octal: {field!r}", offset=offset) from None
 
 
-def parse_tar_member(buf, offset: int = 0) -> TarMember:
+def parse_tar_header(buf, offset: int = 0) -> TarMember:
     """Parse the header(s) of the member starting at ``offset`` of ``buf`` (a bytes-like holding at
-    least the whole header).  Only regular files are accepted: links, devices, FIFOs and
-    directories raise :class:`FormatError`, so nothing downstream ever follows or creates them."""
+    least the whole header, pax or GNU long-name records included), whatever its type.  Global pax
+    headers and GNU long link names are skipped; a zero block raises (end of archive)."""
     name = None
     size_override = None
     pos = offset
@@ -181,23 +187,21 @@ def parse_tar_member(buf, offset: int = 0) -> TarMember:
         if block == bytes(TAR_BLOCK):
             raise FormatError("unexpected end-of-archive block", offset=pos)
         stored = _octal(block[148:156], "chksum", pos)
-        actual = sum(block[:148]) + 8 * 32 + sum(block[156:])
+        actual = sum(block) - sum(block[148:156]) + 8 * 32  # chksum field counted as spaces
         if stored != actual:
             raise FormatError(f"tar header checksum {stored} != computed {actual}", offset=pos)
         typeflag = block[156:157]
         size = _octal(block[124:136], "size", pos)
-        if typeflag == b"x":
+        if typeflag in (b"x", b"g", b"L", b"K"):  # extended headers: data follows, then more
             data = bytes(buf[pos + TAR_BLOCK:pos + TAR_BLOCK + size])
             if len(data) < size:
-                raise FormatError("truncated pax header", offset=pos)
-            name, size_override = _parse_pax(data, pos, name, size_override)
+                raise FormatError("truncated extended tar header", offset=pos)
+            if typeflag == b"x":
+                name, size_override = _parse_pax(data, pos, name, size_override)
+            elif typeflag == b"L":
+                name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             pos += TAR_BLOCK + size + tar_padding(size)
             continue
-        if typeflag not in (b"0", b"\0"):
-            kind = {b"1": "hard link", b"2": "symlink", b"3": "character device",
-                    b"4": "block device", b"5": "directory", b"6": "FIFO"}.get(typeflag, "special")
-            raise FormatError(f"tar member is a {kind} (type {typeflag!r}); only regular files "
-                              "are allowed", offset=pos)
         if name is None:
             raw = block[:100].split(b"\0", 1)[0]
             prefix = block[345:500].split(b"\0", 1)[0]
@@ -206,9 +210,20 @@ def parse_tar_member(buf, offset: int = 0) -> TarMember:
             name = raw.decode("utf-8", "surrogateescape")
         if size_override is not None:
             size = size_override
+        kind = _TAR_KINDS.get(typeflag, "special file")
         data_offset = pos + TAR_BLOCK
         return TarMember(name, size, data_offset - offset,
-                         data_offset + size + tar_padding(size) - offset)
+                         data_offset + size + tar_padding(size) - offset, kind, typeflag)
+
+
+def parse_tar_member(buf, offset: int = 0) -> TarMember:
+    """:func:`parse_tar_header`, accepting only regular files: links, devices, FIFOs and
+    directories raise :class:`FormatError`, so nothing downstream ever follows or creates them."""
+    member = parse_tar_header(buf, offset)
+    if member.kind != "file":
+        raise FormatError(f"tar member is a {member.kind} (type {member.typeflag!r}); only "
+                          "regular files are allowed", offset=offset)
+    return member
 
 
 def _parse_pax(data: bytes, pos: int, name, size):

@@ -44,13 +44,21 @@ class PackSummary:
     fields: list = field(default_factory=list)
     classes: list | None = None
     notes: list = field(default_factory=list)
+    converted_from: str | None = None
 
     def line(self) -> str:
         rate = self.source_bytes / self.seconds / 1e6 if self.seconds else 0.0
-        text = (f"packed {self.samples:,} samples ({self.files:,} files, "
-                f"{self.source_bytes / 1e6:,.1f} MB) into {self.shards} shards "
-                f"({self.bytes / 1e6:,.1f} MB) in {self.seconds:.1f} s: "
-                f"{self.files / self.seconds if self.seconds else 0:,.0f} files/s, {rate:,.1f} MB/s")
+        seconds = self.seconds or float("inf")
+        if self.converted_from:
+            text = (f"converted {self.samples:,} samples from {self.converted_from} "
+                    f"({self.source_bytes / 1e6:,.1f} MB of fields) into {self.shards} shards "
+                    f"({self.bytes / 1e6:,.1f} MB) in {self.seconds:.1f} s: "
+                    f"{self.samples / seconds:,.0f} samples/s, {rate:,.1f} MB/s")
+        else:
+            text = (f"packed {self.samples:,} samples ({self.files:,} files, "
+                    f"{self.source_bytes / 1e6:,.1f} MB) into {self.shards} shards "
+                    f"({self.bytes / 1e6:,.1f} MB) in {self.seconds:.1f} s: "
+                    f"{self.files / seconds:,.0f} files/s, {rate:,.1f} MB/s")
         if self.reused_shards:
             text += f"; {self.reused_shards} complete shards kept from the interrupted run"
         if self.skipped:
@@ -97,7 +105,7 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
     storage = Storage(out, storage_options)
     state = {"shardpack": __version__, **origin, "options": options.as_dict()}
     _prepare_out(storage, state, resume=resume, overwrite=overwrite)
-    summary = PackSummary(out=storage.url)
+    summary = PackSummary(out=storage.url, converted_from=origin.get("from"))
     results: dict[int, ShardResult] = {}
     own_pool = None
     if executor is None and (workers or os.cpu_count() or 1) > 1:

@@ -122,7 +122,7 @@ def test_bad_sources_name_the_shard_and_member(tmp_path):
 
     (tmp_path / "link").mkdir()
     _tar(tmp_path / "link" / "a.tar", [("k1.jpg", b"1"), ("k2.jpg", tarfile.SYMTYPE, "/etc/x")])
-    with pytest.raises(SourceError, match=r"member 'k2\.jpg'.*link or special file"):
+    with pytest.raises(SourceError, match=r"member 'k2\.jpg'.*is a symlink, not a regular file"):
         convert(tmp_path / "link", tmp_path / "o3", workers=1)
 
     (tmp_path / "twice").mkdir()
@@ -158,7 +158,7 @@ def test_detection_and_cli(tmp_path):
         detect_format(tmp_path / "mixed")
 
     out = run_cli("convert", tmp_path / "wds", tmp_path / "out", "-q").output
-    assert "packed 30 samples" in out
+    assert "converted 30 samples from webdataset" in out
     out = run_cli("convert", tmp_path / "folders", tmp_path / "out2", "-q").output
     assert "packed 2 samples" in out
     assert DatasetReader(tmp_path / "out2").manifest["classes"] == ["cat", "dog"]
