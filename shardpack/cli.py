@@ -77,7 +77,7 @@ def _shard_options(fn):
                      help="Target shard size (B, KB, MB, GB, KiB, MiB, GiB). A sample larger "
                           "than this goes alone into its own shard."),
         click.option("--max-samples", type=click.IntRange(min=1), default=None,
-                     help="Also end a shard after this many samples."),
+                     help="Also end a shard after this many samples [default: 100,000]."),
         click.option("--compression", type=click.Choice(fmt.COMPRESSIONS), default="none",
                      show_default=True, help="Per-record zstd (msgpack shards only)."),
         click.option("--zstd-level", type=click.IntRange(1, 22), default=3, show_default=True),

@@ -2,7 +2,8 @@
 
 The plan is a pure function of the sample stream and the options: shard boundaries fall where the
 next sample would take the shard past ``shard_size`` bytes (estimated from source sizes plus format
-overhead) or past ``max_samples`` samples.  A sample larger than ``shard_size`` goes alone into its
+overhead) or past ``max_samples`` samples (default 100,000, as WebDataset's ShardWriter: it bounds
+the memory a shard task of tiny files takes in the packer and in its writer process).  A sample larger than ``shard_size`` goes alone into its
 own shard.  Each :class:`ShardTask` is self-contained (no global state), so any
 ``concurrent.futures``-style executor (a local process pool, Dask, Ray) can run it.
 """
@@ -18,6 +19,8 @@ import xxhash
 from .errors import ShardpackError
 from .format import COMPRESSIONS, SHARD_FORMATS, TAR_BLOCK
 from .samples import SourceSample
+
+DEFAULT_MAX_SAMPLES = 100_000
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -103,7 +106,7 @@ def plan(samples: Iterable[SourceSample], options: PackOptions) -> Iterator[Shar
     batch: list[SourceSample] = []
     size = nbytes = files = 0
     tar = options.shard_format == "tar"
-    limit, max_samples = options.shard_size, options.max_samples or (1 << 62)
+    limit, max_samples = options.shard_size, options.max_samples or DEFAULT_MAX_SAMPLES
     for sample in samples:
         est = 0 if tar else 40 + len(sample.key)
         sample_bytes = sample_files = 0
