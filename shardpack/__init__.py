@@ -15,12 +15,12 @@ from .errors import (  # noqa: E402
     VersionError,
 )
 from .convert import convert  # noqa: E402
+from .export import ExportSummary, export  # noqa: E402  (pyarrow is loaded only for Parquet)
 from .pack import PackSummary, pack  # noqa: E402
 from .reader import DatasetReader, open_reader  # noqa: E402
 
 _TORCH_API = {"CpuDecode": "decode", "DeviceLoader": "device", "Batch": "batches", "ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
-              "BytesBatch": "batches", "collate": "batches", "pack_bytes": "batches",
-              "export": "export"}  # export: loads pyarrow only for Parquet
+              "BytesBatch": "batches", "collate": "batches", "pack_bytes": "batches"}
 
 
 def __getattr__(name):
@@ -39,6 +39,7 @@ __all__ = [
     "DatasetReader",
     "DecodeError",
     "DeviceLoader",
+    "ExportSummary",
     "FormatError",
     "IntegrityError",
     "MapDataset",

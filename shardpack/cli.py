@@ -201,7 +201,7 @@ def export(dataset, out, to, shard_size, overwrite, quiet, storage_options):
     summary = run_export(dataset, out, to=to, storage_options=_parse_options(storage_options),
                          shard_size=shard_size, overwrite=overwrite,
                          progress=not quiet and sys.stderr.isatty())
-    click.echo(summary.line())
+    _report(summary)
 
 
 @main.command()

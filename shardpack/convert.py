@@ -12,7 +12,8 @@ Format detection (``--from auto``), documented in docs/convert.md:
   ``.jsonl`` -> jsonl;
 * a folder with ``index.json``: MDS when its shards say ``"format": "mds"``, LitData when it has
   ``chunks`` and ``config``;
-* a folder of tar files -> webdataset; of parquet files -> parquet (both: ambiguous, an error);
+* a folder of tar files -> webdataset; of parquet files, or with parquet files up to 3 folders
+  down (Hugging Face ``data/train-*.parquet``) -> parquet (tar and parquet: ambiguous, an error);
 * a local folder holding only sub-folders -> imagefolder.
 """
 
@@ -71,13 +72,42 @@ def detect_format(src, storage_options: dict | None = None) -> str:
     if parquets:
         return "parquet"
     visible = [n for n in names if not n.startswith(".")]
+    if _has_parquet_below(storage):  # Hugging Face layouts: data/train-0000-of-0001.parquet
+        return "parquet"
     if storage.local and visible and all(os.path.isdir(storage.path(n)) for n in visible):
-        subs = [n for n in visible
-                if any(x.endswith(".parquet") for x in os.listdir(storage.path(n)))]
-        return "parquet" if subs and len(subs) == len(visible) and "data" in visible \
-            else "imagefolder"
+        return "imagefolder"
     raise SourceError("cannot tell the source format", path=src,
                       hint=f"pass --from, one of {', '.join(FORMATS)}")
+
+
+def _has_parquet_below(storage: Storage, depth: int = 3, peek: int = 64) -> bool:
+    """Parquet files in sub-folders, at most ``depth`` levels down.  Locally only the first
+    ``peek`` entries of each folder are looked at, so an ImageFolder tree of a million images is
+    not walked just to tell it from a Hugging Face ``data/train-*.parquet`` layout."""
+    if not storage.local:
+        try:
+            found = storage.fs.find(storage.root, maxdepth=depth)
+        except (OSError, ValueError):
+            return False
+        return any(p.endswith(".parquet") and "/." not in p for p in found)
+
+    def look(folder: str, level: int) -> bool:
+        try:
+            with os.scandir(folder) as it:
+                for n, entry in enumerate(it):
+                    if n >= peek:
+                        return False
+                    if entry.name.startswith("."):
+                        continue
+                    if entry.name.endswith(".parquet"):
+                        return True
+                    if level < depth and entry.is_dir() and look(entry.path, level + 1):
+                        return True
+        except OSError:
+            return False
+        return False
+
+    return look(storage.root, 1)
 
 
 def _index_kind(data: bytes) -> str | None:
