@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Recreate .bench-venv, the venv of the packing benchmark's peers (MosaicML streaming's MDSWriter,
-# LitData's optimize; webdataset too), from scratch:
+# Recreate .bench-venv, the venv of the peers (MosaicML streaming's MDSWriter, LitData's optimize;
+# webdataset too) that the packing benchmark runs and that tests/test_convert_peers.py uses to write
+# its input datasets, from scratch:
 #  1. torch==2.13.0 first: the CPU wheel that lies on disk (pip's find-links) and nothing newer;
 #     the same pin stays a constraint afterwards, so no dependency can pull a CUDA torch.
 #  2. the peers, pinned. Both declare a torchvision requirement; pip then picks torchvision 0.28.0
@@ -10,20 +11,15 @@
 #     serializers only; the benchmark writes bytes and ints); streaming imports it only via
 #     streaming/__init__.py -> streaming.vision, which tools/bench_pack.py sidesteps by importing
 #     streaming.base directly. `pip check` therefore reports torchvision missing: expected.
+# With --keep, an existing .bench-venv that passes the import check is kept as it is (tools/test.sh
+# uses this); a missing or broken one is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.bench-venv
 PY=${PYTHON:-python3}
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-pins=$(mktemp)
-trap 'rm -f "$pins"' EXIT
-echo "torch==2.13.0" >"$pins"
-"${PIP[@]}" install -q "torch==2.13.0"
-"${PIP[@]}" install -q -c "$pins" "mosaicml-streaming==0.13.0" "litdata==0.2.76" "webdataset==1.0.2"
-"${PIP[@]}" uninstall -q -y torchvision
-"$VENV/bin/python" - <<'EOF'
+
+check_peers() {
+  "$VENV/bin/python" - <<'PYEOF'
 import importlib.util, sys, types
 import torch
 spec = importlib.util.find_spec("streaming")  # as tools/bench_pack.py does: skip streaming/__init__
@@ -33,4 +29,19 @@ from streaming.base import MDSWriter  # noqa: F401
 from litdata import optimize  # noqa: F401
 import webdataset  # noqa: F401
 print(f"ok: torch {torch.__version__} (cuda: {torch.version.cuda}), MDSWriter, optimize, webdataset")
-EOF
+PYEOF
+}
+
+if [ "${1:-}" = "--keep" ] && [ -x "$VENV/bin/python" ] && check_peers 2>/dev/null; then
+  exit 0
+fi
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+pins=$(mktemp)
+trap 'rm -f "$pins"' EXIT
+echo "torch==2.13.0" >"$pins"
+"${PIP[@]}" install -q "torch==2.13.0"
+"${PIP[@]}" install -q -c "$pins" "mosaicml-streaming==0.13.0" "litdata==0.2.76" "webdataset==1.0.2"
+"${PIP[@]}" uninstall -q -y torchvision
+check_peers

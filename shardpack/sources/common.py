@@ -1,0 +1,182 @@
+"""What the MDS and LitData readers share: reading a shard file forward in large windows,
+decompression bounded by the size an index records, field naming, and the few value
+conversions (numbers -> ASCII decimal text, raw pixels -> PNG, raw arrays -> ``.npy``).
+
+Both formats store a sample as per-column (per-leaf) byte strings; most are already files
+(JPEG, PNG, UTF-8 text, JSON, raw bytes) and are carried byte for byte.  The rest have no file
+form of their own and are converted losslessly: numbers to ASCII decimal (shardpack's ``cls``
+convention: label 3 -> ``b"3"``), raw PIL pixels to PNG, numpy/torch arrays to ``.npy``.
+"""
+
+from __future__ import annotations
+
+import bz2
+import io
+import zlib
+
+import numpy as np
+
+from ..errors import SourceError
+from ..format import check_field_name
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+CODECS = ("zstd", "gz", "bz2")
+
+
+class Window:
+    """Byte ranges of one file, read forward in blocks of ``block`` bytes: the headers and small
+    values of consecutive samples cost one read per block, and a large value that is carried as
+    a byte range (not asked for here) is skipped without being read."""
+
+    def __init__(self, storage, name: str, size: int, block: int = 16 << 20):
+        self.storage, self.name, self.size, self.block = storage, name, size, block
+        self.shown = storage.display(name)
+        self.start = self.end = 0
+        self.buf = b""
+
+    def get(self, start: int, end: int) -> bytes:
+        if end > self.size:
+            raise SourceError(f"needs bytes {start}..{end} but the file has {self.size}: "
+                              "truncated", path=self.shown)
+        if start < self.start or end > self.end:
+            stop = min(self.size, max(end, start + self.block))
+            self.buf = b""  # let the old block go first
+            self.buf = self.storage.read_bytes(self.name, start, stop)
+            self.start, self.end = start, stop
+        return self.buf[start - self.start:end - self.start]
+
+
+class Memory:
+    """The :class:`Window` interface over bytes already in memory (a decompressed shard)."""
+
+    def __init__(self, data: bytes, shown: str):
+        self.data, self.size, self.shown = memoryview(data), len(data), shown
+
+    def get(self, start: int, end: int) -> bytes:
+        if end > self.size:
+            raise SourceError(f"needs bytes {start}..{end} but the decompressed data has "
+                              f"{self.size}: truncated", path=self.shown)
+        return bytes(self.data[start:end])
+
+
+def decompress(codec: str, data: bytes, expected: int, shown: str) -> bytes:
+    """``data`` decompressed with ``codec`` (zstd, gz or bz2), never more than ``expected``
+    bytes (the size the index records): more, less or a broken stream is a SourceError."""
+    limit = expected + 1  # one byte over is enough to know the index is wrong
+    try:
+        if codec == "zstd":
+            import zstandard
+
+            parts, total = [], 0
+            with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as r:
+                while total < limit:
+                    part = r.read(min(limit - total, 16 << 20))
+                    if not part:
+                        break
+                    parts.append(part)
+                    total += len(part)
+            out = b"".join(parts)
+        elif codec == "gz":
+            d = zlib.decompressobj(wbits=31)
+            out = d.decompress(data, limit)
+            if len(out) <= expected and not d.eof:
+                raise ValueError("the compressed stream ends early")
+        elif codec == "bz2":
+            d = bz2.BZ2Decompressor()
+            out = d.decompress(data, limit)
+            if len(out) <= expected and not d.eof:
+                raise ValueError("the compressed stream ends early")
+        else:
+            raise SourceError(f"unsupported compression {codec!r}: expected one of "
+                              f"{', '.join(CODECS)}", path=shown)
+    except (zlib.error, OSError, EOFError, ValueError) as exc:
+        raise SourceError(f"cannot decompress ({codec}): {type(exc).__name__}: {exc}",
+                          path=shown) from None
+    except Exception as exc:  # noqa: BLE001 - zstandard.ZstdError and friends
+        if type(exc).__module__.startswith("zstandard"):
+            raise SourceError(f"cannot decompress ({codec}): {exc}", path=shown) from None
+        raise
+    if len(out) > expected:
+        raise SourceError(f"decompresses to more than the {expected} bytes the index records: "
+                          "refused", path=shown)
+    if len(out) != expected:
+        raise SourceError(f"decompresses to {len(out)} bytes, the index records {expected}: "
+                          "truncated or replaced", path=shown)
+    return out
+
+
+def zstd_frame_size(data: bytes) -> int | None:
+    """The decompressed size a zstd frame declares in its header, or None when it has none."""
+    import zstandard
+
+    try:
+        size = zstandard.frame_content_size(data)
+    except zstandard.ZstdError:
+        return None
+    return size if size >= 0 else None
+
+
+# -- naming ------------------------------------------------------------------------------------
+def field_name(column: str, ext: str | None) -> str:
+    """A column's field name: the column name, plus ``.ext`` when the encoding implies a file
+    type and the name has no dot and is not that extension already (``image``+jpeg ->
+    ``image.jpg``; ``jpg``+jpeg -> ``jpg``; ``seg.png`` stays ``seg.png``)."""
+    lowered = column.lower()
+    if not column or not ext or "." in column or lowered == ext or (ext == "jpg" and lowered == "jpeg"):
+        return column
+    return f"{column}.{ext}"
+
+
+def check_fields(names: list[str], columns: list[str], what: str, shown: str) -> None:
+    """Refuse, once for the whole source, column names that cannot be field names or that
+    collide once named."""
+    for name, column in zip(names, columns):
+        why = check_field_name(name)
+        if why:
+            raise SourceError(f"{what} {column!r} cannot become a field: {why}", path=shown)
+    if len(set(names)) != len(names):
+        raise SourceError(f"{what}s {columns} give the same field name twice ({names})",
+                          path=shown, hint="rename the columns")
+
+
+# -- value conversions ---------------------------------------------------------------------
+def decimal(data: bytes, dtype: str) -> bytes:
+    """A little-endian numpy scalar as ASCII text: ints in decimal, floats in the shortest form
+    that reads back to the same value (``0.1``, ``1e+20``, ``nan``), bools as ``1``/``0``."""
+    value = np.frombuffer(data, np.dtype(dtype))[0]
+    if value.dtype == np.bool_:
+        return b"1" if value else b"0"
+    return str(value).encode()
+
+
+def pil_to_png(data: bytes) -> bytes:
+    """PIL's raw layout (uint32 width, height, mode length; mode; pixels), which MDS ``pil`` and
+    LitData ``pil`` store, as a PNG of the same pixels.  ValueError says why it cannot be."""
+    from PIL import Image
+
+    if len(data) < 12:
+        raise ValueError("raw image shorter than its 12-byte header")
+    width, height, mode_size = (int(x) for x in np.frombuffer(data[:12], "<u4"))
+    mode = data[12:12 + mode_size].decode("ascii", "replace")
+    try:
+        image = Image.frombytes(mode, (width, height), data[12 + mode_size:])
+        out = io.BytesIO()
+        image.save(out, format="PNG")
+    except (ValueError, OSError, KeyError) as exc:
+        raise ValueError(f"raw {mode} image {width}x{height} cannot be stored as PNG: "
+                         f"{exc}") from None
+    return out.getvalue()
+
+
+def npy(dtype, shape: tuple[int, ...], raw: bytes) -> bytes:
+    """A ``.npy`` file of the array ``raw`` holds (C order).  ValueError if the sizes disagree."""
+    dtype = np.dtype(dtype)
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise ValueError(f"array dtype {dtype} has no fixed-size binary form")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if count * dtype.itemsize != len(raw):
+        raise ValueError(f"array of shape {tuple(shape)} and dtype {dtype} needs "
+                         f"{count * dtype.itemsize} bytes, the sample holds {len(raw)}")
+    out = io.BytesIO()
+    np.save(out, np.frombuffer(raw, dtype).reshape(shape), allow_pickle=False)
+    return out.getvalue()

@@ -1,0 +1,136 @@
+"""LitData's ``json`` leaves -> JSON text.
+
+LitData stores a list/dict leaf either as JSON text (older writers: the payload starts with '['
+or '{', or any byte above 0x20) or in a compact tagged binary form (first byte 0..11).  The
+tagged form, as this module reads it (all integers little-endian, text UTF-8 with a uint32
+length in front):
+
+====  =========  ==========================================================================
+tag   name       payload
+====  =========  ==========================================================================
+0     json       uint32 n, n bytes of JSON text
+1     strs       uint32 count, then count texts
+2     i64s       uint32 count, count int64
+3     f64s       uint32 count, count float64
+4     bools      uint32 count, count bytes (0/1)
+5     dict       uint32 count, then count (text key, tagged value)
+6     records    uint32 rows, uint32 keys, the key texts, then per row and key a kind byte
+                 (0x10 null, 0x11 text, 0x12 int64, 0x13 float64, 0x14 bool byte) and value
+7..11 scalars    text, int64, float64, bool byte, null (no payload)
+====  =========  ==========================================================================
+
+JSON text is carried byte for byte; the tagged form is decoded and written as compact JSON
+(``separators=(",", ":")``, UTF-8, keys in stored order).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+_U32, _I64, _F64 = struct.Struct("<I"), struct.Struct("<q"), struct.Struct("<d")
+_ARRAYS = {2: ("<q", 8), 3: ("<d", 8)}
+
+
+def to_json(data: bytes) -> bytes:
+    """The leaf as JSON text; ValueError if it is neither JSON nor the tagged form."""
+    if not data or data[0] > 0x20:
+        try:
+            json.loads(data)
+        except ValueError as exc:
+            raise ValueError(f"json leaf is not valid JSON: {exc}") from None
+        return bytes(data)
+    try:
+        value, end = _read(data, 0)
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise ValueError(f"json leaf is truncated or corrupt: {exc}") from None
+    if end != len(data):
+        raise ValueError(f"json leaf has {len(data) - end} trailing bytes")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _text(data: bytes, pos: int) -> tuple[str, int]:
+    n = _U32.unpack_from(data, pos)[0]
+    end = pos + 4 + n
+    if end > len(data):
+        raise IndexError("text runs past the end")
+    return data[pos + 4:end].decode("utf-8"), end
+
+
+def _read(data: bytes, pos: int):
+    tag = data[pos]
+    pos += 1
+    if tag in (0, 1, 2, 3, 4, 5, 6):
+        count = _U32.unpack_from(data, pos)[0]
+        pos += 4
+    if tag == 0:
+        end = pos + count
+        if end > len(data):
+            raise IndexError("json text runs past the end")
+        try:
+            return json.loads(data[pos:end]), end
+        except ValueError as exc:
+            raise ValueError(f"embedded JSON is invalid: {exc}") from None
+    if tag == 1:
+        out = []
+        for _ in range(count):
+            text, pos = _text(data, pos)
+            out.append(text)
+        return out, pos
+    if tag in _ARRAYS:
+        fmt, width = _ARRAYS[tag]
+        end = pos + width * count
+        if end > len(data):
+            raise IndexError("array runs past the end")
+        return list(struct.unpack_from(f"<{count}{fmt[1]}", data, pos)), end
+    if tag == 4:
+        if pos + count > len(data):
+            raise IndexError("bools run past the end")
+        return [b != 0 for b in data[pos:pos + count]], pos + count
+    if tag == 5:
+        out = {}
+        for _ in range(count):
+            key, pos = _text(data, pos)
+            out[key], pos = _read(data, pos)
+        return out, pos
+    if tag == 6:
+        nkeys = _U32.unpack_from(data, pos)[0]
+        pos += 4
+        keys = []
+        for _ in range(nkeys):
+            key, pos = _text(data, pos)
+            keys.append(key)
+        rows = []
+        for _ in range(count):
+            row = {}
+            for key in keys:
+                row[key], pos = _record_value(data, pos)
+            rows.append(row)
+        return rows, pos
+    if tag == 7:
+        return _text(data, pos)
+    if tag == 8:
+        return _I64.unpack_from(data, pos)[0], pos + 8
+    if tag == 9:
+        return _F64.unpack_from(data, pos)[0], pos + 8
+    if tag == 10:
+        return data[pos] != 0, pos + 1
+    if tag == 11:
+        return None, pos
+    raise ValueError(f"unknown json leaf tag {tag}")
+
+
+def _record_value(data: bytes, pos: int):
+    kind = data[pos]
+    pos += 1
+    if kind == 0x10:
+        return None, pos
+    if kind == 0x11:
+        return _text(data, pos)
+    if kind == 0x12:
+        return _I64.unpack_from(data, pos)[0], pos + 8
+    if kind == 0x13:
+        return _F64.unpack_from(data, pos)[0], pos + 8
+    if kind == 0x14:
+        return data[pos] != 0, pos + 1
+    raise ValueError(f"unknown record value kind {kind:#x}")
