@@ -23,7 +23,7 @@ import importlib
 import json
 import os
 
-from .errors import SourceError
+from .errors import DatasetNotFoundError, RemoteError, SourceError
 from .pack import PackSummary, pack, pack_source
 from .plan import PackOptions, parse_size
 from .storage import Storage
@@ -53,15 +53,19 @@ def detect_format(src, storage_options: dict | None = None) -> str:
     for suffix, name in ((".parquet", "parquet"), (".csv", "csv"), (".jsonl", "jsonl")):
         if lowered.endswith(suffix):
             return name
-    names = storage.listdir()
-    if not names and not storage.exists():
-        raise SourceError("source does not exist", path=src)
-    if "index.json" in names:
-        found = _index_kind(storage.read_bytes("index.json"))
+    try:  # MDS / LitData first: their index.json needs no folder listing (plain HTTP has none)
+        index = storage.read_bytes("index.json")
+    except (DatasetNotFoundError, RemoteError, OSError):
+        index = None
+    if index is not None:
+        found = _index_kind(index)
         if found:
             return found
         raise SourceError("index.json is neither an MDS nor a LitData index",
                           path=storage.display("index.json"), hint="pass --from")
+    names = storage.listdir()
+    if not names and not storage.exists():
+        raise SourceError("source does not exist", path=src)
     tars = [n for n in names if n.endswith((".tar", ".tar.gz", ".tgz"))]
     parquets = [n for n in names if n.endswith(".parquet")]
     if tars and parquets:

@@ -111,13 +111,14 @@ class ContainerSource:
 def _locate(src: str, storage_options: dict) -> tuple[Storage, str | None]:
     """(storage of the folder, None) for a folder; (storage of its parent, name) for a file."""
     storage = Storage(src, storage_options)
+    if not storage.local:  # an HTTP folder without a listing: MDS, LitData (index.json)
+        try:
+            if storage.exists("index.json"):
+                return storage, None
+        except Exception:  # noqa: BLE001 - then it is not such a folder
+            pass
     try:
         is_dir = storage.fs.isdir(storage.root)
-        if not is_dir and not storage.local:  # an HTTP folder without a listing (MDS, LitData)
-            try:
-                is_dir = storage.exists("index.json")
-            except Exception:  # noqa: BLE001 - then it is not such a folder
-                is_dir = False
         exists = is_dir or storage.exists()
     except Exception as exc:  # noqa: BLE001 - one clear line instead of a client traceback
         raise SourceError(f"cannot reach the source: {type(exc).__name__}: {exc}",
