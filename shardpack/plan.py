@@ -95,7 +95,7 @@ class ShardTask:
         for s in self.samples:
             h.update(s.key.encode("utf-8", "surrogateescape") + b"\0")
             for f in s.fields:
-                h.update(f"{f.name}\0{f.size}\0{f.mtime_ns}\0{f.offset}\0".encode())
+                h.update(f"{f.name}\0{f.size}\0{f.mtime_ns}\0{f.offset}\0{f.column}\0".encode())
                 if f.value is not None:
                     h.update(f.value)
         return h.intdigest()

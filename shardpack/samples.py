@@ -39,8 +39,10 @@ class SourceField(NamedTuple):
     * a whole file: ``path`` set, ``offset`` None (``pack`` of a file tree);
     * a byte range of a container file: ``path`` is the container's URL and ``offset`` where the
       field's ``size`` bytes start (``convert`` of uncompressed tar, MDS or LitData shards);
+    * a Parquet cell: ``path`` is the file's URL, ``column`` the column (a path into structs, e.g.
+      ``("image", "bytes")``) and ``offset`` the row in the file: the writer reads the row group;
     * an inline value: ``path`` None and ``value`` the bytes (class index, listing column, fields
-      that a converter had to decode from compressed or columnar sources).
+      that a converter had to decode from compressed sources).
     """
 
     name: str
@@ -48,7 +50,8 @@ class SourceField(NamedTuple):
     size: int
     mtime_ns: int
     value: bytes | None = None  # inline value (class index, listing column)
-    offset: int | None = None   # start of the field inside the container ``path``
+    offset: int | None = None   # start of the field inside the container ``path`` (or row)
+    column: tuple[str, ...] | None = None  # Parquet column of the cell (``offset`` = its row)
 
 
 class SourceSample(NamedTuple):

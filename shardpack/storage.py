@@ -231,6 +231,21 @@ class Storage:
         with f:
             yield f
 
+    def open_arrow(self, name: str):
+        """A pyarrow file for ``name`` (Parquet reads): a memory map when local (pyarrow's own
+        reads are ~2x faster than through a Python file object), else the fsspec file."""
+        import pyarrow as pa
+
+        if self.local:
+            try:
+                return pa.memory_map(self.path(name))
+            except FileNotFoundError:
+                raise DatasetNotFoundError("file is missing", path=self.display(name)) from None
+        try:
+            return pa.PythonFile(self.fs.open(self.path(name), "rb"), mode="r")
+        except FileNotFoundError:
+            raise DatasetNotFoundError("file is missing", path=self.display(name)) from None
+
     def listdir(self) -> list[str]:
         """Names directly inside the root (files and folders), sorted; [] if it doesn't exist."""
         try:

@@ -147,11 +147,99 @@ class RangeReader:
         self.path, self.start, self.end = f.path, start, stop
 
 
+class RowReader:
+    """Reads Parquet cells a converter deferred to the writer (``SourceField.column`` set): one
+    row group at a time, every deferred column of it the task needs in one read, so the parent
+    process never holds or pickles image bytes.  pyarrow is imported only here."""
+
+    def __init__(self, task: ShardTask, storage_options: dict | None = None):
+        self.options = storage_options
+        self.columns: dict[str, set] = {}
+        for sample in task.samples:
+            for f in sample.fields:
+                if f.column is not None:
+                    self.columns.setdefault(f.path, set()).add(f.column)
+        self.files: dict[str, tuple] = {}
+        self.path = None
+        self.first = self.stop = 0
+        self.values: dict = {}
+
+    def read(self, f: SourceField) -> bytes:
+        if f.path != self.path or not self.first <= f.offset < self.stop:
+            self._load(f)
+        data = self.values[f.column][f.offset - self.first]
+        if data is None:  # (sizes may be estimates: see sources/parquet.py)
+            raise SourceError(f"row {f.offset} of column {'.'.join(f.column)!r} is null, but "
+                              "was not when it was indexed", path=f.path,
+                              hint="convert again once the source is stable")
+        return data
+
+    def _load(self, f: SourceField) -> None:
+        import bisect
+
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        if f.path not in self.files:
+            parent, _, name = f.path.rpartition("/")
+            storage = Storage(parent or ".", self.options)
+            if storage.local and f.mtime_ns and os.stat(f.path).st_mtime_ns != f.mtime_ns:
+                raise SourceError("file changed during the conversion", path=f.path,
+                                  hint="convert again once the source is stable")
+            handle = storage.open_arrow(name)
+            pf = pq.ParquetFile(handle)
+            starts = [0]
+            for i in range(pf.metadata.num_row_groups):
+                starts.append(starts[-1] + pf.metadata.row_group(i).num_rows)
+            self.files = {f.path: (pf, starts, handle)}  # one file open at a time
+        pf, starts, _ = self.files[f.path]
+        group = bisect.bisect_right(starts, f.offset) - 1
+        if not 0 <= group < len(starts) - 1:
+            raise SourceError(f"row {f.offset} is past the end of the file ({starts[-1]} rows)",
+                              path=f.path)
+        wanted = self.columns[f.path]
+        self.values = {}
+        table = pf.read_row_group(group, columns=sorted({c[0] for c in wanted}),
+                                  use_threads=False)
+        for column in wanted:
+            array = table.column(column[0]).combine_chunks()
+            for part in column[1:]:
+                array = pc.struct_field(array, part)
+            self.values[column] = _cells(array)
+        del table
+        self.path, self.first, self.stop = f.path, starts[group], starts[group + 1]
+
+
+class _Cells:
+    """The cells of an Arrow binary array without a copy each: slices of its data buffer."""
+
+    def __init__(self, offsets: np.ndarray, data: memoryview):
+        self.offsets, self.data = offsets, data
+
+    def __getitem__(self, i: int) -> memoryview:
+        return self.data[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+
+def _cells(array):
+    """Indexable cells of a binary Arrow array: zero-copy for plain binary without nulls."""
+    import pyarrow as pa
+
+    t = array.type
+    if array.null_count == 0 and (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        width = 8 if pa.types.is_large_binary(t) else 4
+        _, offsets, data = array.buffers()
+        offsets = np.frombuffer(offsets, dtype=f"<i{width}", count=len(array) + 1,
+                                offset=array.offset * width)
+        return _Cells(offsets, memoryview(data) if data is not None else memoryview(b""))
+    return array.to_pylist()
+
+
 def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = None,
                 source_options: dict | None = None) -> ShardResult:
     opts = task.options
     storage = Storage(out_url, storage_options)
     ranges = RangeReader(source_options)
+    rows = RowReader(task, source_options)
     names = sorted({f.name for s in task.samples for f in s.fields})
     column = {n: i for i, n in enumerate(names)}
     width = len(names)
@@ -175,7 +263,7 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
             sink.write(fmt.msgpack_file_header())
         for sample in task.samples:
             try:
-                fields = [(sf.name, prepare(sf, opts, ranges)) for sf in sample.fields]
+                fields = [(sf.name, prepare(sf, opts, ranges, rows)) for sf in sample.fields]
             except SourceError as exc:
                 if not opts.skip_bad:
                     raise
@@ -269,14 +357,16 @@ def _tar_record(key: str, fields: list[tuple[str, bytes]]) -> tuple[bytes, list[
     return b"".join(parts), offsets
 
 
-def _read_only(sf: SourceField, opts, ranges: RangeReader) -> bytes:
+def _read_only(sf: SourceField, opts, ranges: RangeReader, rows: RowReader | None) -> bytes:
     if sf.path is None:
         return sf.value
-    return read_field(sf) if sf.offset is None else ranges.read(sf)
+    if sf.offset is None:
+        return read_field(sf)
+    return ranges.read(sf) if sf.column is None else rows.read(sf)
 
 
-def _prepared(sf: SourceField, opts, ranges: RangeReader) -> bytes:
-    data = _read_only(sf, opts, ranges)
+def _prepared(sf: SourceField, opts, ranges: RangeReader, rows: RowReader | None) -> bytes:
+    data = _read_only(sf, opts, ranges, rows)
     if opts.resize and is_image_field(sf.name):
         where = (f"field '{sf.name}'" if sf.path is None else sf.path if sf.offset is None
                  else f"{sf.path} at byte {sf.offset}")

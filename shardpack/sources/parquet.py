@@ -4,6 +4,8 @@ SRC is one ``.parquet`` file or a folder searched recursively (``data/train-0000
 and the like), files sorted by path; names with a part starting with '.' or '_' are skipped like
 pyarrow skips them (counted as hidden).  Files are read through the storage layer in record
 batches of about BATCH_BYTES, so memory holds one row group's pages and one batch, never a table.
+Binary cells (and the bytes of Image structs) are not copied here: fields refer to (file, column,
+row) and the shard writers read them, one row group at a time (``writer.RowReader``).
 
 One row = one sample; column rules (docs/convert.md):
 
@@ -101,7 +103,7 @@ class ParquetSource(ContainerSource):
         first_classes: tuple[list[str], str] | None = None
         for name in names:
             shown = self.storage.display(name)
-            with self.storage.open(name) as f:
+            with self.storage.open_arrow(name) as f:
                 try:
                     pf = pq.ParquetFile(f, buffer_size=BUFFER_SIZE)
                     schema = pf.schema_arrow
@@ -123,13 +125,19 @@ class ParquetSource(ContainerSource):
                                           path=shown)
                 if not columns:
                     raise SourceError("no column can become a field", path=shown)
-                yield from self._rows(pf, columns, key_col, shown)
+                yield from self._rows(pf, columns, key_col, shown, name)
 
-    def _rows(self, pf, columns, key_col, shown):
-        """The file's samples, one record batch at a time."""
+    def _rows(self, pf, columns, key_col, shown, name):
+        """The file's samples, one record batch at a time.  Binary and ``{bytes, path}`` cells
+        are not copied out here: only their lengths (and the first bytes, to name the field) are
+        taken, and the fields refer to (file, column, row) for the shard writers to read."""
         pa = _pyarrow()[0]
-        wanted = [c[0] for c in columns] + ([key_col] if key_col else [])
+        import pyarrow.compute as pc
+
+        url, mtime = self.url(name), self.mtime_ns(name)
         meta = pf.metadata
+        estimated = _estimated_sizes(meta, [c for c in columns if c[1] == "binary"])
+        wanted = [c[0] for c in columns if c[0] not in estimated] + ([key_col] if key_col else [])
         row_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         rows = max(1, min(MAX_BATCH_ROWS, BATCH_BYTES * max(1, meta.num_rows)
                           // max(1, row_bytes)))
@@ -144,10 +152,25 @@ class ParquetSource(ContainerSource):
             if batch is None:
                 return
             keys = batch.column(key_col).to_pylist() if key_col else None
-            values = [(col, kind, field, batch.column(col).to_pylist())
-                      for col, kind, field in columns]
+            values = []
+            count = batch.num_rows
+            for col, kind, field in columns:
+                if col in estimated:
+                    values.append((col, kind, field, estimated[col][row:row + count], None))
+                    continue
+                array = batch.column(col)
+                if kind == "binary":
+                    values.append((col, kind, field, pc.binary_length(array).to_pylist(), None))
+                elif kind == "file":
+                    data = pc.struct_field(array, "bytes")
+                    heads = pc.binary_slice(data, 0, 16).to_pylist()
+                    paths = pc.struct_field(array, "path").to_pylist()
+                    valid = array.is_valid().to_pylist()
+                    values.append((col, kind, field, pc.binary_length(data).to_pylist(),
+                                   (heads, paths, valid)))
+                else:
+                    values.append((col, kind, field, array.to_pylist(), None))
             del batch
-            count = len(values[0][3])
             for i in range(count):
                 where = f"{shown}: row {row + i}"
                 key = None
@@ -158,21 +181,57 @@ class ParquetSource(ContainerSource):
                         continue
                     key = str(key)
                 fields = []
-                for col, kind, field, data in values:
+                for col, kind, field, data, extra in values:
                     value = data[i]
-                    if value is None:
+                    if kind == "binary":
+                        if value is not None:
+                            fields.append(SourceField(field, url, value, mtime, None, row + i,
+                                                      (col,)))
                         continue
                     if kind != "file":
-                        fields.append(inline(field, ENCODERS[kind](value)))
-                    elif value.get("bytes") is not None:
-                        fields.append(inline(file_field(field, value), value["bytes"]))
-                    elif value.get("path") is not None:
+                        if value is not None:
+                            fields.append(inline(field, ENCODERS[kind](value)))
+                        continue
+                    heads, paths, valid = extra
+                    if not valid[i]:
+                        continue
+                    if value is not None:
+                        name_of = file_field(field, {"path": paths[i], "bytes": heads[i]})
+                        fields.append(SourceField(name_of, url, value, mtime, None, row + i,
+                                                  (col, "bytes")))
+                    elif paths[i] is not None:
                         self.bad(where, f"column {col!r} holds only a path "
-                                        f"({value['path']!r}), not the file's bytes", "no-bytes")
+                                        f"({paths[i]!r}), not the file's bytes", "no-bytes")
                         break
                 else:
                     yield key, fields, where
             row += count
+
+
+def _estimated_sizes(meta, binary_columns) -> dict[str, list[int]]:
+    """For binary columns without nulls (the row groups' statistics say so), per-row sizes
+    estimated from the metadata (each row group's uncompressed column bytes / rows), so this
+    process need not read (decompress) the column at all: the shard writers read it once.  The
+    plan only needs sizes to cut shards; the written bytes and counts are the real ones.  A
+    column with nulls, or without statistics, is read here to know its exact rows."""
+    index = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+    out = {}
+    for col, _, _ in binary_columns:
+        i = index.get(col)
+        if i is None:
+            continue
+        sizes = []
+        for g in range(meta.num_row_groups):
+            chunk = meta.row_group(g).column(i)
+            stats = chunk.statistics
+            rows = meta.row_group(g).num_rows
+            if stats is None or not stats.has_null_count or stats.null_count != 0:
+                break
+            per_row = max(0, chunk.total_uncompressed_size - 8 * rows) // max(1, rows)
+            sizes += [per_row] * rows
+        else:
+            out[col] = sizes
+    return out
 
 
 def file_field(column: str, value: dict) -> str:
