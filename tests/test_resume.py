@@ -19,7 +19,7 @@ def src(tmp_path_factory):
     rng = random.Random(3)
     root = tmp_path_factory.mktemp("resume") / "src"
     return make_tree(root, {f"c{i % 4}/{i:05d}.jpg": rng.randbytes(rng.randint(20_000, 80_000))
-                            for i in range(600)})
+                            for i in range(1500)})
 
 
 def _pack_cmd(src, out, shard_format, *extra):

@@ -51,6 +51,16 @@ class ContainerSource:
                               path=self.src, hint="check SRC and --from")
         return names
 
+    def read_json(self, name: str = "index.json"):
+        """(parsed JSON file ``name`` of the source folder, its display name for messages)."""
+        import json
+
+        shown = self.storage.display(name)
+        try:
+            return json.loads(self.storage.read_bytes(name)), shown
+        except ValueError as exc:
+            raise SourceError(f"{name} is not valid JSON: {exc}", path=shown) from None
+
     def url(self, name: str) -> str:
         """The URL a worker process reads ``name`` from (an absolute path when local)."""
         return self.storage.path(name) if self.storage.local else self.storage.display(name)

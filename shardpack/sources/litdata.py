@@ -68,11 +68,7 @@ class LitDataSource(ContainerSource):
 
     def __init__(self, src, **kwargs):
         super().__init__(src, **kwargs)
-        shown = self.storage.display("index.json")
-        try:
-            index = json.loads(self.storage.read_bytes("index.json"))
-        except ValueError as exc:
-            raise SourceError(f"index.json is not valid JSON: {exc}", path=shown) from None
+        index, shown = self.read_json("index.json")
         if not isinstance(index, dict) or not isinstance(index.get("chunks"), list) \
                 or not isinstance(index.get("config"), dict):
             raise SourceError("not a LitData index: expected an object with 'chunks' (a list) "

@@ -19,7 +19,6 @@ have no place in a shardpack manifest and are reported as notes.
 
 from __future__ import annotations
 
-import json
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -71,11 +70,7 @@ class MDSSource(ContainerSource):
 
     def __init__(self, src, **kwargs):
         super().__init__(src, **kwargs)
-        shown = self.storage.display("index.json")
-        try:
-            index = json.loads(self.storage.read_bytes("index.json"))
-        except ValueError as exc:
-            raise SourceError(f"index.json is not valid JSON: {exc}", path=shown) from None
+        index, shown = self.read_json("index.json")
         if not isinstance(index, dict) or index.get("version") != 2 \
                 or not isinstance(index.get("shards"), list):
             found = index.get("version") if isinstance(index, dict) else type(index).__name__
