@@ -60,7 +60,6 @@ class FilesDataset:
 
     def __init__(self, root):
         self.samples = list(Source(root))
-        self.classes = None
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import xxhash
 
 from . import format as fmt
-from .errors import IntegrityError, ShardpackError
+from .errors import IntegrityError
 
 LOCK_NAME = ".lock"
 
@@ -275,9 +275,3 @@ def _file_hash(path: str) -> str:
         while chunk := f.read(8 << 20):
             hasher.update(chunk)
     return hasher.hexdigest()
-
-
-def check_limit(limit: int, shard_bytes: int) -> None:
-    if limit < shard_bytes:
-        raise ShardpackError(f"cache limit {limit} bytes is smaller than a shard "
-                             f"({shard_bytes} bytes)", hint="raise cache_limit")
