@@ -3,7 +3,9 @@
 The plan is a pure function of the sample stream and the options: shard boundaries fall where the
 next sample would take the shard past ``shard_size`` bytes (estimated from source sizes plus format
 overhead) or past ``max_samples`` samples (default 100,000, as WebDataset's ShardWriter: it bounds
-the memory a shard task of tiny files takes in the packer and in its writer process).  A sample larger than ``shard_size`` goes alone into its
+the memory a shard task of tiny files takes in the packer and in its writer process).  A sample
+that starts a source block (a Parquet row group, read whole by a writer) also ends the shard when
+the block would not fit and the shard is at least half full, so no block is decoded twice.  A sample larger than ``shard_size`` goes alone into its
 own shard.  Each :class:`ShardTask` is self-contained (no global state), so any
 ``concurrent.futures``-style executor (a local process pool, Dask, Ray) can run it.
 """
@@ -114,7 +116,8 @@ def plan(samples: Iterable[SourceSample], options: PackOptions) -> Iterator[Shar
             sample_bytes += f.size
             sample_files += f.path is not None
             est += TAR_BLOCK + f.size + (-f.size % TAR_BLOCK) if tar else f.size + 8
-        if batch and (len(batch) >= max_samples or size + est > limit):
+        if batch and (len(batch) >= max_samples or size + est > limit or (
+                sample.block and size + sample.block > limit and 2 * size >= limit)):
             yield ShardTask(number, tuple(batch), options, nbytes, files)
             number += 1
             batch, size, nbytes, files = [], 0, 0, 0

@@ -57,6 +57,8 @@ class SourceField(NamedTuple):
 class SourceSample(NamedTuple):
     key: str
     fields: tuple[SourceField, ...]  # sorted by name
+    block: int = 0  # > 0: this sample starts a source block read as a whole (a Parquet row
+    #                 group) of about this many bytes; the planner avoids cutting blocks
 
     @property
     def nbytes(self) -> int:

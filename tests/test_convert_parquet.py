@@ -319,3 +319,18 @@ def test_remote_source_through_fsspec(tmp_path):
     finally:
         fs.rm("/shardpack-test", recursive=True)
     assert [s["bin"] for s in samples_of(tmp_path / "out")] == blobs
+
+
+def test_shards_do_not_split_row_groups_when_avoidable(tmp_path):
+    """A row group is read whole by a shard writer: the planner ends a shard before a group
+    that would not fit (once the shard is half full), so no group is decoded by two writers."""
+    blobs = [bytes([i % 251]) * 1000 for i in range(60)]
+    pq.write_table(pa.table({"__key__": [f"k{i:03d}" for i in range(60)], "bin": blobs}),
+                   tmp_path / "g.parquet", row_group_size=10)  # 6 groups of ~10 KB
+    out = tmp_path / "out"
+    convert(tmp_path / "g.parquet", out, workers=1, shard_size="30KB", format="msgpack")
+    manifest = json.loads((out / fmt.MANIFEST_NAME).read_text())
+    # without the rule: 30 KB shards of ~1.2 KB (estimated) samples cut groups at 24; with it,
+    # every shard holds whole groups
+    assert [s["samples"] for s in manifest["shards"]] == [20, 20, 20]
+    assert [bytes(s["bin"]) for s in open_reader(out)] == blobs

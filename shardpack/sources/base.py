@@ -4,7 +4,8 @@ turn (key, fields) pairs from any format into valid, unique samples.
 A subclass implements :meth:`ContainerSource.samples` and yields ``(key, fields, where)``:
 ``key`` as the source has it (or None to get a stable one made from the sample's position),
 ``fields`` a list of :class:`~shardpack.samples.SourceField`, ``where`` a short text naming the
-source file and member/row for error messages.  Keys are checked for safety and uniqueness here,
+source file and member/row for error messages, and optionally a fourth item: the estimated bytes
+of a source block that starts at this sample (:attr:`SourceSample.block`).  Keys are checked for safety and uniqueness here,
 field names against the format's rules; with ``skip_bad`` a bad sample is skipped and counted by
 reason, otherwise it raises :class:`~shardpack.errors.SourceError`.
 """
@@ -88,7 +89,7 @@ class ContainerSource:
     # -- the checked stream ------------------------------------------------------------------
     def __iter__(self) -> Iterator[SourceSample]:
         seen: set[str] = set()
-        for key, fields, where in self.samples():
+        for key, fields, where, *block in self.samples():
             position = self._count
             self._count += 1
             if key is None:
@@ -115,7 +116,7 @@ class ContainerSource:
                 self.bad(where, why, "bad-field")
                 continue
             seen.add(key)
-            yield SourceSample(key, tuple(sorted(fields)))
+            yield SourceSample(key, tuple(sorted(fields)), block[0] if block else 0)
 
 
 def _locate(src: str, storage_options: dict) -> tuple[Storage, str | None]:

@@ -137,6 +137,10 @@ class ParquetSource(ContainerSource):
         url, mtime = self.url(name), self.mtime_ns(name)
         meta = pf.metadata
         estimated = _estimated_sizes(meta, [c for c in columns if c[1] == "binary"])
+        blocks, start = {}, 0  # first row of each row group -> its bytes (planner hint)
+        for g in range(meta.num_row_groups):
+            blocks[start] = meta.row_group(g).total_byte_size
+            start += meta.row_group(g).num_rows
         wanted = [c[0] for c in columns if c[0] not in estimated] + ([key_col] if key_col else [])
         row_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         rows = max(1, min(MAX_BATCH_ROWS, BATCH_BYTES * max(1, meta.num_rows)
@@ -204,7 +208,7 @@ class ParquetSource(ContainerSource):
                                         f"({paths[i]!r}), not the file's bytes", "no-bytes")
                         break
                 else:
-                    yield key, fields, where
+                    yield key, fields, where, blocks.get(row + i, 0)
             row += count
 
 
