@@ -32,8 +32,10 @@ One row = one sample; column rules (docs/convert.md):
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
+import sys
 from collections.abc import Iterator
 
 from ..errors import SourceError
@@ -55,6 +57,12 @@ _SPLIT_FILE = re.compile(r"(?:^|/)([\w.]+?)-\d+-of-\d+\.parquet$")
 
 
 def _pyarrow():
+    if "pyarrow" not in sys.modules:
+        # pyarrow's allocator (mimalloc) hands freed memory back to the OS after 10 ms; the shard
+        # writers decode one ~100 MB row group after another, so every decode faulted in and
+        # zeroed fresh pages (17% of a conversion's CPU in perf).  Keep freed memory instead; the
+        # writers are short-lived processes forked after this import.  A user's own setting wins.
+        os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
