@@ -253,9 +253,41 @@ def report(s, proxy, shard_get, args, machine, info):
     return head + table + "\n"
 
 
+def run_case(case, url, packed, cache_root, perfile_urls, big_url):
+    """One case, in this process; returns what main() records for it."""
+    if case == "local":
+        return run_shards(packed, None, 4)
+    if case == "cold4":
+        return run_shards(url, cache_root, 4, epochs=2)
+    if case == "cold0":
+        return run_shards(url, cache_root, 0)
+    if case in ("nocache4", "nocache0"):
+        return run_shards(url, None, int(case[-1]))
+    if case == "first":
+        return run_shards(url, cache_root, 4, shuffle=False, first_only=True)
+    if case == "perfile":
+        return [run_per_file(perfile_urls)]
+    return [list(single_get(big_url))]
+
+
+def case_subprocess(case, *args):
+    """Each case runs in a fresh interpreter (as tools/bench_pack.py runs each contender): in one
+    long-lived process the local reference slowed to ~4 s after the first repetition, which no
+    single sequence of cases reproduced by hand."""
+    out = subprocess.run([sys.executable, __file__, "--case", json.dumps([case, *args])],
+                         capture_output=True, text=True, timeout=900)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("CASE_RESULT=")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"case {case} failed: {out.stderr.strip().splitlines()[-3:]}")
+    return json.loads(lines[-1][len("CASE_RESULT="):])
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
         return serve(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    if len(sys.argv) > 1 and sys.argv[1] == "--case":
+        print("CASE_RESULT=" + json.dumps(run_case(*json.loads(sys.argv[2]))), flush=True)
+        return None
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=os.path.join(ROOT, "bench-data", "remote"))
     ap.add_argument("--count", type=int, default=3000, help="images (~100 KB each)")
@@ -299,22 +331,15 @@ def main():
             order = cases[rep % len(cases):] + cases[:rep % len(cases)]  # alternate
             for case in order:
                 shutil.rmtree(cache_root, ignore_errors=True)
-                if case == "local":
-                    runs["local"] += run_shards(packed, None, 4)
-                elif case == "cold4":
-                    cold, warm = run_shards(url, cache_root, 4, epochs=2)
-                    runs["cold4"].append(cold)
-                    runs["warm4"].append(warm)
-                elif case == "cold0":
-                    runs["cold0"] += run_shards(url, cache_root, 0)
-                elif case in ("nocache4", "nocache0"):
-                    runs[case] += run_shards(url, None, int(case[-1]))
-                elif case == "first":
-                    runs["first"] += run_shards(url, cache_root, 4, shuffle=False, first_only=True)
-                elif case == "perfile":
-                    runs["perfile"].append(run_per_file(perfile_urls))
+                result = case_subprocess(case, url, packed, cache_root, perfile_urls,
+                                         f"{servers.url}/packed/{biggest}")
+                if case == "cold4":
+                    runs["cold4"].append(result[0])
+                    runs["warm4"].append(result[1])
+                elif case == "proxy":
+                    gets.append(tuple(result[0]))
                 else:
-                    gets.append(single_get(f"{servers.url}/packed/{biggest}"))
+                    runs[case] += result
                 last = (runs.get(case) or [None])[-1] if case != "proxy" else None
                 desc = (f"{last['n'] / last['s']:.0f} samples/s, {last['b'] / last['s'] / 1e6:.1f} "
                         f"MB/s" if last else f"{gets[-1][1] / gets[-1][0] / 1e6:.1f} MB/s")
