@@ -24,8 +24,7 @@ import json
 import os
 
 from .errors import DatasetNotFoundError, RemoteError, SourceError
-from .pack import PackSummary, pack, pack_source
-from .plan import PackOptions, parse_size
+from .pack import PackSummary, make_options, pack, pack_source
 from .storage import Storage
 
 CONTAINER_FORMATS = {  # --from name -> (module, class) under shardpack.sources
@@ -46,13 +45,13 @@ def source_class(name: str):
 def detect_format(src, storage_options: dict | None = None) -> str:
     """The ``--from`` format of ``src``, or a :class:`SourceError` saying why it is ambiguous."""
     src = os.fspath(src)
-    storage = Storage(src, storage_options)
     lowered = src.rstrip("/").lower()
     if lowered.endswith((".tar", ".tar.gz", ".tgz")):
         return "webdataset"
     for suffix, name in ((".parquet", "parquet"), (".csv", "csv"), (".jsonl", "jsonl")):
         if lowered.endswith(suffix):
             return name
+    storage = Storage(src, storage_options)
     try:  # MDS / LitData first: their index.json needs no folder listing (plain HTTP has none)
         index = storage.read_bytes("index.json")
     except (DatasetNotFoundError, RemoteError, OSError):
@@ -159,10 +158,9 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
         if not src.endswith(f".{name}"):
             raise SourceError(f"--from {name} needs a .{name} listing file", path=src)
         return pack(src, out, **common)
-    options = PackOptions(shard_format=format, shard_size=parse_size(shard_size),
-                          max_samples=max_samples, compression=compression,
-                          zstd_level=zstd_level, resize=resize, quality=quality,
-                          skip_bad=skip_bad, layout=name)
+    options = make_options(format=format, shard_size=shard_size, max_samples=max_samples,
+                           compression=compression, zstd_level=zstd_level, resize=resize,
+                           quality=quality, skip_bad=skip_bad, layout=name)
     source = source_class(name)(src, storage_options=storage_options, skip_bad=skip_bad,
                                 allow_pickle=allow_pickle)
     origin = {"source": os.path.abspath(src) if source.storage.local else src, "from": name,

@@ -78,16 +78,22 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
 
     Returns a :class:`PackSummary`.  Raises a :class:`~shardpack.errors.ShardpackError` subclass
     with a one-line message naming the file at fault; nothing is published on failure."""
-    options = PackOptions(shard_format=format, shard_size=parse_size(shard_size),
-                          max_samples=max_samples, compression=compression,
-                          zstd_level=zstd_level, resize=resize, quality=quality,
-                          skip_bad=skip_bad, layout=layout)
-    if resume and overwrite:
-        raise ShardpackError("--resume and --overwrite exclude each other")
+    options = make_options(format=format, shard_size=shard_size, max_samples=max_samples,
+                           compression=compression, zstd_level=zstd_level, resize=resize,
+                           quality=quality, skip_bad=skip_bad, layout=layout)
     source = Source(src, layout=layout, skip_bad=skip_bad)
     return pack_source(source, out, options, origin={"source": os.path.abspath(os.fspath(src))},
                        workers=workers, resume=resume, overwrite=overwrite, executor=executor,
                        progress=progress, storage_options=storage_options)
+
+
+def make_options(*, format: str, shard_size, max_samples: int | None, compression: str,
+                 zstd_level: int, resize: int | None, quality: int, skip_bad: bool,
+                 layout: str) -> PackOptions:
+    """The :class:`PackOptions` of ``pack``'s and ``convert``'s keyword arguments."""
+    return PackOptions(shard_format=format, shard_size=parse_size(shard_size),
+                       max_samples=max_samples, compression=compression, zstd_level=zstd_level,
+                       resize=resize, quality=quality, skip_bad=skip_bad, layout=layout)
 
 
 def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int | None = None,

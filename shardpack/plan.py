@@ -5,9 +5,10 @@ next sample would take the shard past ``shard_size`` bytes (estimated from sourc
 overhead) or past ``max_samples`` samples (default 100,000, as WebDataset's ShardWriter: it bounds
 the memory a shard task of tiny files takes in the packer and in its writer process).  A sample
 that starts a source block (a Parquet row group, read whole by a writer) also ends the shard when
-the block would not fit and the shard is at least half full, so no block is decoded twice.  A sample larger than ``shard_size`` goes alone into its
-own shard.  Each :class:`ShardTask` is self-contained (no global state), so any
-``concurrent.futures``-style executor (a local process pool, Dask, Ray) can run it.
+the block would not fit and the shard is at least half full, so no block is decoded twice.  A
+sample larger than ``shard_size`` goes alone into its own shard.  Each :class:`ShardTask` is
+self-contained (no global state), so any ``concurrent.futures``-style executor (a local process
+pool, Dask, Ray) can run it.
 """
 
 from __future__ import annotations

@@ -76,6 +76,15 @@ class SourceReport:
     first_skips: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # source metadata that was not carried over
 
+    def bad(self, skip_bad: bool, where: str, reason: str, kind: str, hint: str) -> None:
+        """Raise a :class:`SourceError`, or with ``skip_bad`` count (by ``kind``) and remember
+        the bad entry: the one rule of ``pack``'s walk and of every converter's source."""
+        if not skip_bad:
+            raise SourceError(reason, path=where, hint=hint)
+        self.skipped[kind] += 1
+        if len(self.first_skips) < 20:
+            self.first_skips.append(f"{where}: {reason}")
+
 
 class Source:
     """An iterable of samples plus a :class:`SourceReport`."""
@@ -114,13 +123,8 @@ class Source:
 
     # -- helpers ---------------------------------------------------------------------------
     def _bad(self, path: str, reason: str, kind: str) -> None:
-        if not self.skip_bad:
-            raise SourceError(reason, path=path,
-                              hint="fix or remove it, or pass --skip-bad to skip and count such "
-                                   "entries")
-        self.report.skipped[kind] += 1
-        if len(self.report.first_skips) < 20:
-            self.report.first_skips.append(f"{path}: {reason}")
+        self.report.bad(self.skip_bad, path, reason, kind,
+                        "fix or remove it, or pass --skip-bad to skip and count such entries")
 
     def _detect(self, layout: str) -> str:
         entries = [e for e in _scandir_sorted(self.src) if not e.name.startswith(".")]

@@ -117,6 +117,17 @@ class _Sink:
             self.fill = 0
 
 
+def _container(f: SourceField, options: dict | None) -> tuple[Storage, str]:
+    """(storage of the folder, file name) of the container a field points into; a local
+    container that changed since it was indexed is refused."""
+    parent, _, name = f.path.rpartition("/")
+    storage = Storage(parent or ".", options)
+    if storage.local and f.mtime_ns and os.stat(f.path).st_mtime_ns != f.mtime_ns:
+        raise SourceError("file changed during the conversion", path=f.path,
+                          hint="convert again once the source is stable")
+    return storage, name
+
+
 class RangeReader:
     """Reads byte-range fields of container files (``SourceField.offset`` set) through a sliding
     window: one read of at least ``window`` bytes serves all the fields that follow in it, so a
@@ -140,13 +151,8 @@ class RangeReader:
 
     def _fill(self, f: SourceField, start: int, end: int) -> None:
         if f.path not in self.storages:
-            parent, _, name = f.path.rpartition("/")
-            storage = Storage(parent or ".", self.options)
-            self.storages[f.path] = (storage, name)
+            storage, name = self.storages[f.path] = _container(f, self.options)
             self.sizes[f.path] = storage.size(name)
-            if storage.local and f.mtime_ns and os.stat(f.path).st_mtime_ns != f.mtime_ns:
-                raise SourceError("file changed during the conversion", path=f.path,
-                                  hint="convert again once the source is stable")
         storage, name = self.storages[f.path]
         size = self.sizes[f.path]
         if end > size:
@@ -195,11 +201,7 @@ class RowReader:
         import pyarrow.parquet as pq
 
         if f.path not in self.files:
-            parent, _, name = f.path.rpartition("/")
-            storage = Storage(parent or ".", self.options)
-            if storage.local and f.mtime_ns and os.stat(f.path).st_mtime_ns != f.mtime_ns:
-                raise SourceError("file changed during the conversion", path=f.path,
-                                  hint="convert again once the source is stable")
+            storage, name = _container(f, self.options)
             handle = storage.open_arrow(name)
             pf = pq.ParquetFile(handle)
             starts = [0]
@@ -371,7 +373,7 @@ def _tar_record(key: str, fields: list[tuple[str, bytes]]) -> tuple[bytes, list[
     return b"".join(parts), offsets
 
 
-def _read_only(sf: SourceField, opts, ranges: RangeReader, rows: RowReader | None) -> bytes:
+def _read_only(sf: SourceField, opts, ranges: RangeReader, rows: RowReader) -> bytes:
     if sf.path is None:
         return sf.value
     if sf.offset is None:
@@ -379,7 +381,7 @@ def _read_only(sf: SourceField, opts, ranges: RangeReader, rows: RowReader | Non
     return ranges.read(sf) if sf.column is None else rows.read(sf)
 
 
-def _prepared(sf: SourceField, opts, ranges: RangeReader, rows: RowReader | None) -> bytes:
+def _prepared(sf: SourceField, opts, ranges: RangeReader, rows: RowReader) -> bytes:
     data = _read_only(sf, opts, ranges, rows)
     if opts.resize and is_image_field(sf.name):
         where = (f"field '{sf.name}'" if sf.path is None else sf.path if sf.offset is None

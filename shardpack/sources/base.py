@@ -5,9 +5,10 @@ A subclass implements :meth:`ContainerSource.samples` and yields ``(key, fields,
 ``key`` as the source has it (or None to get a stable one made from the sample's position),
 ``fields`` a list of :class:`~shardpack.samples.SourceField`, ``where`` a short text naming the
 source file and member/row for error messages, and optionally a fourth item: the estimated bytes
-of a source block that starts at this sample (:attr:`SourceSample.block`).  Keys are checked for safety and uniqueness here,
-field names against the format's rules; with ``skip_bad`` a bad sample is skipped and counted by
-reason, otherwise it raises :class:`~shardpack.errors.SourceError`.
+of a source block that starts at this sample (:attr:`SourceSample.block`).  Keys are checked for
+safety and uniqueness here, field names against the format's rules; with ``skip_bad`` a bad
+sample is skipped and counted by reason, otherwise it raises
+:class:`~shardpack.errors.SourceError`.
 """
 
 from __future__ import annotations
@@ -73,13 +74,8 @@ class ContainerSource:
 
     def bad(self, where: str, reason: str, kind: str) -> None:
         """Raise, or with ``skip_bad`` count and remember a bad entry."""
-        if not self.skip_bad:
-            raise SourceError(reason, path=where,
-                              hint="fix the source, or pass --skip-bad to skip and count such "
-                                   "samples")
-        self.report.skipped[kind] += 1
-        if len(self.report.first_skips) < 20:
-            self.report.first_skips.append(f"{where}: {reason}")
+        self.report.bad(self.skip_bad, where, reason, kind,
+                        "fix the source, or pass --skip-bad to skip and count such samples")
 
     def note(self, text: str) -> None:
         """Report source metadata that shardpack's manifest has no place for (once each)."""
