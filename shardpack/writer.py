@@ -165,9 +165,14 @@ class RangeReader:
 
 
 class RowReader:
-    """Reads Parquet cells a converter deferred to the writer (``SourceField.column`` set): one
-    row group at a time, every deferred column of it the task needs in one read, so the parent
-    process never holds or pickles image bytes.  pyarrow is imported only here."""
+    """Reads Parquet cells a converter deferred to the writer (``SourceField.column`` set), so
+    the parent process never holds or pickles image bytes.  Rows are decoded in batches of about
+    ``BATCH_BYTES``, every deferred column of the task at once, walking forward through a row
+    group: small batches reuse the allocator's memory, where whole 100 MB row groups had every
+    forked writer zero fresh pages for each one (2.3x slower, measured).  pyarrow is imported
+    only here."""
+
+    BATCH_BYTES = 2 << 20
 
     def __init__(self, task: ShardTask, storage_options: dict | None = None):
         self.options = storage_options
@@ -178,7 +183,9 @@ class RowReader:
                     self.columns.setdefault(f.path, set()).add(f.column)
         self.files: dict[str, tuple] = {}
         self.path = None
-        self.first = self.stop = 0
+        self.group = -1
+        self.batches = iter(())
+        self.first = self.stop = 0   # rows of the current batch
         self.values: dict = {}
 
     def read(self, f: SourceField) -> bytes:
@@ -197,7 +204,6 @@ class RowReader:
         from .sources.parquet import _pyarrow
 
         _pyarrow()  # the allocator setting, when this process imports pyarrow first
-        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         if f.path not in self.files:
@@ -208,22 +214,37 @@ class RowReader:
             for i in range(pf.metadata.num_row_groups):
                 starts.append(starts[-1] + pf.metadata.row_group(i).num_rows)
             self.files = {f.path: (pf, starts, handle)}  # one file open at a time
+            self.path, self.group = None, -1
         pf, starts, _ = self.files[f.path]
         group = bisect.bisect_right(starts, f.offset) - 1
         if not 0 <= group < len(starts) - 1:
             raise SourceError(f"row {f.offset} is past the end of the file ({starts[-1]} rows)",
                               path=f.path)
-        wanted = self.columns[f.path]
-        self.values = {}
-        table = pf.read_row_group(group, columns=sorted({c[0] for c in wanted}),
-                                  use_threads=False)
-        for column in wanted:
-            array = table.column(column[0]).combine_chunks()
-            for part in column[1:]:
-                array = pc.struct_field(array, part)
-            self.values[column] = _cells(array)
-        del table
-        self.path, self.first, self.stop = f.path, starts[group], starts[group + 1]
+        if f.path != self.path or group != self.group or f.offset < self.first:
+            meta = pf.metadata.row_group(group)
+            rows = max(1, self.BATCH_BYTES * meta.num_rows // max(1, meta.total_byte_size))
+            top = sorted({c[0] for c in self.columns[f.path]})
+            self.batches = pf.iter_batches(batch_size=rows, row_groups=[group], columns=top,
+                                           use_threads=False)
+            self.path, self.group = f.path, group
+            self.first = self.stop = starts[group]
+        while not self.first <= f.offset < self.stop:
+            batch = next(self.batches, None)
+            if batch is None:  # the file has fewer rows than its metadata says
+                raise SourceError(f"row {f.offset} is missing from row group {group}",
+                                  path=f.path, hint="convert again once the source is stable")
+            self.values = {column: _cells(_field(batch.column(column[0]), column[1:]))
+                           for column in self.columns[f.path]}
+            self.first, self.stop = self.stop, self.stop + batch.num_rows
+
+
+def _field(array, parts: tuple):
+    """The struct field ``parts`` (a path of names) of an Arrow array."""
+    import pyarrow.compute as pc
+
+    for part in parts:
+        array = pc.struct_field(array, part)
+    return array
 
 
 class _Cells:

@@ -35,21 +35,23 @@ NOTES = """Notes (static text from tools/bench_convert.py):
 
 - Each conversion reads its source once. WebDataset tar members and uncompressed MDS fields are
   byte ranges: the parent indexes the headers, the shard writers read the bytes in 16 MB windows.
-  Parquet binary cells are read by the shard writers, one whole row group at a time; the parent
-  reads only the small columns and the metadata, and shard cuts avoid splitting row groups.
+  Parquet binary cells are read by the shard writers in ~2 MB record batches; the parent reads
+  only the small columns and the metadata, and shard cuts avoid splitting row groups.
   Every output passed `shardpack verify`.
-- Parquet, warm, is the one miss. The writers spend ~100-200 ms decoding each 100 MB row group in
-  pyarrow (snappy + PLAIN byte arrays, one core), where pack spends ~60 us per file on `os.read`.
-  Cold, pack waits on 20,000 small reads and the conversion does not, so the conversion wins.
+- Parquet costs the writers a decode (snappy + PLAIN byte arrays, in pyarrow) that pack does not
+  have; pack spends ~60 us per file on `os.read` instead. Cold, pack waits on 20,000 small reads
+  and the conversion does not, so the conversion wins.
 - Designs measured on the way (warm, same machine):
   - the parent reading the cells and sending them inline to the writers: 16.7 s (0.42x), 3.5 GB RSS;
   - writers reading through a Python file object instead of a memory map: 11.4 s;
   - pyarrow's allocator returning each row group's memory to the OS: 17% of CPU in page zeroing
     (perf), now avoided with MIMALLOC_PURGE_DELAY=-1 (docs/convert.md);
   - with all of those fixed but row groups still split across shards (27 decodes for 20 groups):
-    8.81 s (0.72x).
+    8.81 s (0.72x);
+  - each writer decoding whole 100 MB row groups (a forked writer zeroes fresh pages for every
+    one): 8.37 s (0.74x, 2026-11-29 23:40 run); now ~2 MB record batches.
 - The max RSS of convert-parquet counts the pages of the memory-mapped Parquet file that a writer
-  touched (clean page cache, shared), plus one decoded row group.
+  touched (clean page cache, shared), plus one decoded ~2 MB batch.
 """
 
 

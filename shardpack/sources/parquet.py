@@ -5,7 +5,7 @@ and the like), files sorted by path; names with a part starting with '.' or '_' 
 pyarrow skips them (counted as hidden).  Files are read through the storage layer in record
 batches of about BATCH_BYTES, so memory holds one row group's pages and one batch, never a table.
 Binary cells (and the bytes of Image structs) are not copied here: fields refer to (file, column,
-row) and the shard writers read them, one row group at a time (``writer.RowReader``).
+row) and the shard writers read them in small record batches (``writer.RowReader``).
 
 One row = one sample; column rules (docs/convert.md):
 
