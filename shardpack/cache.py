@@ -14,8 +14,13 @@ shared memory, no lock state that outlives a crash.
   same shard find the locked temp file and wait for it instead of downloading again; a temp file
   whose lock is free belongs to a dead process and is deleted.
 * Every download is checked against the manifest's xxh3-128 before it is renamed into place, so a
-  reader never sees a partial or wrong file.  A cached file is re-hashed the first time each
-  process opens it; a corrupt one is deleted and fetched again, once, then it is an error.
+  reader never sees a partial or wrong file.  Downloads are not fsynced, so a file that a crash
+  may have torn must be hashed again before use: a verified file carries a stamp (extended
+  attribute ``user.shardpack.verified``: the kernel's boot id, inode, size, mtime), and a file
+  whose stamp is of this boot and still matches needs no re-hash (a crash that could tear it
+  means a new boot).  Without the stamp (other boot, file changed, or a file system without user
+  xattrs) it is re-hashed the first time each process opens it; a corrupt one is deleted and
+  fetched again, once, then it is an error.
 * LRU: a file's access time is set on every use; before a new file is published, the least recently used files
   that nobody holds are deleted until the cache fits ``limit`` bytes.  When everything cached is
   in use, the cache overshoots rather than deadlock, and shrinks again as readers let go.
@@ -61,7 +66,8 @@ class ShardCache:
         self.limit = limit
         os.makedirs(self.root, exist_ok=True)
         self._verified: set[tuple[str, int, int]] = set()  # (path, size, mtime) hashed here
-        self.stats = {"hits": 0, "downloads": 0, "refetches": 0, "evictions": 0, "waits": 0}
+        self.stats = {"hits": 0, "downloads": 0, "refetches": 0, "evictions": 0, "waits": 0,
+                      "rehashed": 0, "stamped": 0}
 
     # -- locking ------------------------------------------------------------------------------
     @contextmanager
@@ -135,6 +141,7 @@ class ShardCache:
                     entry, tfd = CacheEntry(path, tfd), -1
                 self.stats["downloads"] += 1
                 self._verified.add(_identity(path))
+                _stamp(entry.fd, shard["hash"])
                 return entry
             except BaseException:
                 try:
@@ -183,9 +190,15 @@ class ShardCache:
         ident = _identity(entry.path)
         if ident in self._verified:
             return True
+        if ident[1] == shard["bytes"] and _stamp_ok(entry.fd, shard["hash"]):
+            self.stats["stamped"] += 1
+            self._verified.add(ident)
+            return True
         ok = ident[1] == shard["bytes"] and _file_hash(entry.path) == shard["hash"]
         if ok:
+            self.stats["rehashed"] += 1
             self._verified.add(ident)
+            _stamp(entry.fd, shard["hash"])
         return ok
 
     def _discard(self, path: str, ident: tuple) -> None:
@@ -263,6 +276,44 @@ class ShardCache:
                     except OSError:
                         pass
         return removed
+
+
+STAMP_ATTR = "user.shardpack.verified"
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""  # no boot id (not Linux): no stamps, every process re-hashes
+
+
+_BOOT_ID = _boot_id()
+
+
+def _stamp_value(fd: int, content_hash: str) -> bytes:
+    st = os.fstat(fd)
+    return f"{_BOOT_ID} {st.st_ino} {st.st_size} {st.st_mtime_ns} {content_hash}".encode()
+
+
+def _stamp(fd: int, content_hash: str) -> None:
+    """Mark the open cache file as hashed and found good in this boot (best effort)."""
+    if not _BOOT_ID or not hasattr(os, "setxattr"):
+        return
+    try:
+        os.setxattr(fd, STAMP_ATTR, _stamp_value(fd, content_hash))
+    except OSError:
+        pass  # no user xattrs here: processes re-hash instead
+
+
+def _stamp_ok(fd: int, content_hash: str) -> bool:
+    if not _BOOT_ID or not hasattr(os, "getxattr"):
+        return False
+    try:
+        return os.getxattr(fd, STAMP_ATTR) == _stamp_value(fd, content_hash)
+    except OSError:
+        return False
 
 
 def _identity(path: str) -> tuple[str, int, int]:

@@ -79,7 +79,8 @@ class ShardDataset(IterableDataset):
         self._local_epoch = 0   # epochs started in this process, used until set_epoch is called
         self._resume: dict | None = None
         self._running: dict | None = None  # what the current iteration in this process is doing
-        self.stats = {"yielded": 0, "skipped": 0, "repeats": 0, "dropped": 0}
+        self.stats = {"yielded": 0, "skipped": 0, "repeats": 0, "dropped": 0,
+                      "fast_start_requests": 0}
 
     # -- where am I -----------------------------------------------------------------------------
     def _capture_dist(self) -> None:
@@ -222,8 +223,15 @@ class ShardDataset(IterableDataset):
         for stage in (self.decode, self.transform):
             if hasattr(stage, "epoch"):  # stateful stages (random crops) follow the epoch
                 stage.epoch = epoch
-        fetcher = self._prefetcher(share, skip)
+        fetcher = None
         try:
+            if self.reader.prefetch > 0:  # cold cache: the first batch by ranged reads of its
+                try:                      # samples, before whole-shard downloads take the link
+                    self.stats["fast_start_requests"] += self.reader.fetch_pieces(
+                        share.ids[skip:skip + self.batch_size])
+                except ShardpackError:  # only a shortcut: the usual path reports the error
+                    self.reader.drop_pieces()
+            fetcher = self._prefetcher(share, skip)
             if self.batched:
                 yield from self._batches(share, skip, running, fetcher)
             else:
@@ -231,6 +239,7 @@ class ShardDataset(IterableDataset):
         finally:
             if fetcher is not None:
                 fetcher[0].close()
+            self.reader.drop_pieces()
 
     def _prefetcher(self, share: partition.Share, skip: int):
         """For remote data: a background fetcher over the shards (or chunks) this share reads,
@@ -271,13 +280,15 @@ class ShardDataset(IterableDataset):
                 fetcher[0].at(int(fetcher[1][start - fetcher[2]]))
             batch = None
             try:
-                batch = gather_batch(self.reader, part.ids, part.repeat, self.fields, shared)
+                if not self.reader.has_pieces:  # else: the fast start's pieces, sample by sample
+                    batch = gather_batch(self.reader, part.ids, part.repeat, self.fields, shared)
             except ShardpackError:
                 if self.on_error == "raise":
                     raise
             if batch is None:  # remote, compressed, or a bad sample to skip: sample by sample
                 inner = dict(running, yielded=0)
                 samples = list(self._samples(part, 0, inner, raw=True))
+                self.reader.drop_pieces()  # the fast start serves one batch only
                 if not samples:
                     running["yielded"] = start + len(part)
                     continue

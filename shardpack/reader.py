@@ -30,6 +30,8 @@ class DatasetReader:
     MAX_OPEN_SHARDS = 64
     CHUNK_BYTES = 8 << 20
     CHUNK_MEMORY = 96 << 20
+    PIECE_GAP = 64 << 10      # fetch_pieces: samples closer than this share one request
+    PIECE_REQUEST = 4 << 20   # ... up to this many bytes a request
 
     def __init__(self, url, storage_options: dict | None = None, *, cache_dir=None,
                  cache_limit="50GB", prefetch: int = 2):
@@ -61,13 +63,15 @@ class DatasetReader:
         self._chunks: OrderedDict[tuple, bytes] = OrderedDict()
         self._chunk_bytes = 0
         self._inflight: dict[tuple, _Flight] = {}
+        self._pieces: dict[tuple, bytes] = {}  # (shard, row) -> stored bytes, read once
         self._lock = threading.RLock()
 
     def __getstate__(self):
         # memory maps, cache locks and loaded indexes stay in their process: a worker opens its
         # own, lazily
         state = dict(self.__dict__)
-        for key in ("_indexes", "_buffers", "_chunks", "_chunk_bytes", "_inflight", "_lock"):
+        for key in ("_indexes", "_buffers", "_chunks", "_chunk_bytes", "_inflight", "_pieces",
+                    "_lock"):
             state.pop(key, None)
         return state
 
@@ -230,8 +234,74 @@ class DatasetReader:
         """What a read of (shard, row) needs fetched: the shard (cached) or a chunk."""
         return shard if self.cache is not None else (shard, self.chunk_of(shard, row))
 
+    def fetch_pieces(self, ids) -> int:
+        """Fast start for a cold cache: fetch the stored bytes of samples ``ids`` (global ids)
+        whose shards are not in the cache yet with concurrent ranged reads, each checked against
+        the index's sample hash, and keep them for one read each.  The first batch of a shuffled
+        epoch draws from many shards; without this it waits until every one of them is
+        downloaded whole.  Returns the number of requests made (0 for local data, no cache, or
+        shards already cached)."""
+        if self.cache is None or self.storage.local or len(ids) == 0:
+            return 0
+        ids = np.asarray(ids, dtype=np.int64)
+        shards = np.searchsorted(self.offsets, ids, side="right") - 1
+        rows = ids - self.offsets[shards]
+        missing = sorted({int(s) for s in shards.tolist()
+                          if s not in self._buffers and
+                          not os.path.exists(self.cache.entry_path(self.storage.url,
+                                                                   self.shards[s]))})
+        if not missing:
+            return 0
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(16, len(missing))) as pool:
+            list(pool.map(self.index, missing))  # the indexes, fetched side by side
+        wanted = set(missing)
+        spans = sorted({(s, r) + self.index(s).span(r)
+                        for s, r in zip(shards.tolist(), rows.tolist()) if s in wanted})
+        requests: list[list] = []  # [shard, start, end, [(row, start, end), ...]]
+        for shard, row, start, end in spans:
+            last = requests[-1] if requests else None
+            if last and last[0] == shard and start - last[2] <= self.PIECE_GAP \
+                    and end - last[1] <= self.PIECE_REQUEST:
+                last[2] = max(last[2], end)
+                last[3].append((row, start, end))
+            else:
+                requests.append([shard, start, end, [(row, start, end)]])
+
+        got = self.storage.read_ranges([(self.shards[shard]["name"], first, last)
+                                        for shard, first, last, _ in requests])
+        pieces = {}
+        for (shard, first, _, members), data in zip(requests, got):
+            data, index = memoryview(data), self.index(shard)
+            for row, start, end in members:
+                piece = data[start - first:end - first]
+                if fmt.sample_hash(piece) != int(index.sample_hashes[row]):
+                    raise IntegrityError("sample does not match its index hash (ranged read)",
+                                         path=self.shard_path(shard), offset=start,
+                                         key=index.key(row))
+                pieces[(shard, row)] = piece
+        with self._lock:
+            self._pieces.update(pieces)
+        return len(requests)
+
+    @property
+    def has_pieces(self) -> bool:
+        return bool(self._pieces)
+
+    def drop_pieces(self) -> None:
+        """Forget samples fetched by :meth:`fetch_pieces` and not read."""
+        with self._lock:
+            self._pieces.clear()
+
     def sample_bytes(self, shard: int, row: int):
-        """The stored bytes of one sample: a slice of a memory map, or of a fetched chunk."""
+        """The stored bytes of one sample: a slice of a memory map, or of a fetched chunk (or a
+        piece fetched ahead by :meth:`fetch_pieces`)."""
+        if self._pieces:
+            with self._lock:
+                piece = self._pieces.pop((shard, row), None)
+            if piece is not None:
+                return piece
         index = self.index(shard)
         start, end = index.span(row)
         buf = self.shard_buffer(shard)

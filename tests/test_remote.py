@@ -60,6 +60,9 @@ def test_conformance_stream_map_and_cli(backend, local_ds, tmp_path):
         assert all(got[k]["bin"] == expected[k]["bin"] for k in expected)
     m = open_dataset(url, storage_options=options)
     assert len(m) == N and m.get("c1/004")["bin"] == expected["c1/004"]["bin"]
+    storage, shard = Storage(url, options), (local_ds / "shard-00001.tar").read_bytes()
+    spans = [("shard-00001.tar", 0, 10), ("shard-00000.tar", 5, 5), ("shard-00001.tar", 700, 2100)]
+    assert storage.read_ranges(spans) == [shard[:10], b"", shard[700:2100]]
     opts = [f"-o{k}={json.dumps(v)}" for k, v in (options or {}).items()]
     assert "samples   60 in 5 shards" in run_cli("info", url, *opts).output
     assert run_cli("verify", url, *opts, "-q").output.startswith("OK: 5 shards, 60 samples")
@@ -109,6 +112,10 @@ def test_reset_mid_body_and_ignored_range(local_ds, fault_server, monkeypatch, m
     ds = ShardDataset(server.url, shuffle=False)
     assert [s["__key__"] for s in ds] == [s["__key__"] for s in DatasetReader(local_ds)]
     assert ds.reader.storage.stats[stat] >= 1
+    storage, shard = Storage(server.url), (local_ds / "shard-00002.tar").read_bytes()
+    spans = [("shard-00002.tar", 512, 1536), ("shard-00002.tar", 0, 100)]
+    assert storage.read_ranges(spans) == [shard[512:1536], shard[:100]]  # concurrent ranges
+    assert stat == "retries" or storage.stats[stat] >= 1  # (the one reset was used above)
 
 
 def test_hang_past_timeout_names_the_url(local_ds, fault_server, monkeypatch, tmp_path):
@@ -147,6 +154,44 @@ def test_corrupt_cached_shard_is_fetched_again(local_ds, http_server, tmp_path):
     assert len(list(ds)) == N and ds.reader.cache.stats["refetches"] == 1
 
 
+def test_verified_stamp_spares_the_rehash_until_the_file_or_boot_changes(
+        local_ds, http_server, tmp_path, monkeypatch):
+    """A cache file hashed once in this boot carries a stamp: another process (here a fresh
+    reader) trusts it without reading it again; a changed file or another boot id means a
+    re-hash, and a corrupt file is still caught and fetched again."""
+    from shardpack import cache as cache_mod
+
+    server = http_server(local_ds)
+    cache = tmp_path / "cache"
+    first = ShardDataset(server.url, cache_dir=cache, shuffle=False)
+    assert len(list(first)) == N
+    stats = first.reader.cache.stats
+    assert stats["downloads"] == 10 and stats["rehashed"] == 0  # 5 shards + 5 indexes
+    cached = sorted(os.path.join(d, n) for d, _, names in os.walk(cache) for n in names
+                    if n.endswith(".tar"))
+    assert os.getxattr(cached[0], cache_mod.STAMP_ATTR).split()[0].decode() == \
+        cache_mod._BOOT_ID
+
+    def fresh():
+        ds = ShardDataset(server.url, cache_dir=cache, shuffle=False)
+        assert len(list(ds)) == N
+        return ds.reader.cache.stats
+
+    again = fresh()
+    assert again["downloads"] == 0 and again["rehashed"] == 0 and again["stamped"] == 10
+    monkeypatch.setattr(cache_mod, "_BOOT_ID", "another-boot")  # as after a reboot
+    assert fresh()["rehashed"] == 10
+    monkeypatch.undo()
+    data = bytearray(open(cached[1], "rb").read())  # corrupt it in place: the write moves
+    st = os.stat(cached[1])                          # mtime (bumped in case the tick has not)
+    data[200] ^= 0xFF
+    with open(cached[1], "r+b") as f:
+        f.write(data)
+    os.utime(cached[1], ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    after = fresh()
+    assert after["refetches"] == 1 and after["rehashed"] >= 1
+
+
 WORKER = textwrap.dedent("""
     import json, sys
     from torch.utils.data import DataLoader
@@ -178,9 +223,11 @@ def test_shared_cache_many_processes(local_ds, http_server, tmp_path, limit_shar
     assert sorted(sum(per_rank, [])) == list(range(N))
     left = [n for _, _, names in os.walk(cache) for n in names if n.startswith(".")]
     assert left == [".lock"]  # no temp files; the one bookkeeping lock file
-    if limit_shards == 100:  # nothing evicted: every shard fetched exactly once in total
-        for i in range(5):
-            assert server.requests_for(f"shard-{i:05d}.tar", "GET") == 1
+    if limit_shards == 100:  # nothing evicted: every shard fetched whole exactly once in total
+        for i in range(5):   # (ranged GETs are the fast start's first-batch samples)
+            gets = [e for e in server.requests(f"shard-{i:05d}.tar") if e["method"] == "GET"]
+            assert len([e for e in gets if not e["range"]]) == 1
+            assert all(e["status"] == 206 for e in gets if e["range"])
     usage = ShardCache(cache, 0).usage()
     assert usage["bytes"] <= max(limit_shards, 0) * shard_bytes or limit_shards == 3
 
@@ -204,3 +251,57 @@ def test_sigkill_during_download_others_finish(local_ds, fault_server, tmp_path)
     assert sorted(json.loads(done.stdout)) == list(range(N))
     left = [n for _, _, names in os.walk(cache) for n in names if ".tmp-" in n]
     assert left == []
+
+
+def test_fast_start_first_batch_without_whole_shards(local_ds, http_server, tmp_path,
+                                                      monkeypatch):
+    """Cold cache, shuffle on: the first batch draws from several shards; it arrives by ranged
+    reads of just its samples (checked against the index hashes) while whole-shard downloads
+    are still blocked, then the epoch completes exactly once from the cache."""
+    import threading
+
+    server = http_server(local_ds)
+    expected = _expected(local_ds)
+    release = threading.Event()
+    real = Storage.download
+
+    def held_download(self, name, dest, size, **kw):
+        if name.endswith(".tar"):  # shards wait; indexes go through
+            assert release.wait(60), "whole-shard download was never released"
+        return real(self, name, dest, size, **kw)
+
+    monkeypatch.setattr(Storage, "download", held_download)
+    ds = ShardDataset(server.url, cache_dir=tmp_path / "cache", seed=3, batch_size=8,
+                      batched=True, prefetch=2)
+    it = iter(ds)
+    first = next(it)  # would hang here (until the 60 s assert) without the fast start
+    keys = first["__key__"]
+    shards_in_first = {ds.reader.locate(int(i))[0] for i in first["__index__"]}
+    assert len(keys) == 8 and len(shards_in_first) > 1
+    assert ds.stats["fast_start_requests"] >= len(shards_in_first)
+    assert first["bin"].items() == [expected[k]["bin"] for k in keys]
+    release.set()
+    rest = [k for b in it for k in b["__key__"]]
+    assert sorted(keys + rest) == sorted(expected)
+    assert not ds.reader.has_pieces
+
+
+def test_fast_start_bad_piece_falls_back_to_whole_shards(local_ds, http_server, tmp_path,
+                                                          monkeypatch):
+    """A ranged read that fails its sample hash is an error naming the shard; the dataset then
+    reads the usual way (whole verified shards) and yields every sample."""
+    from shardpack import reader as reader_mod
+    from shardpack.errors import IntegrityError
+
+    server = http_server(local_ds)
+    reader = DatasetReader(server.url, cache_dir=tmp_path / "c1")
+    monkeypatch.setattr(reader_mod.fmt, "sample_hash", lambda data: 1)
+    with pytest.raises(IntegrityError,
+                       match=r"shard-0000\d\.tar, sample .*, offset \d+: sample does not match"):
+        reader.fetch_pieces(list(range(0, N, 7)))
+    ds = ShardDataset(server.url, cache_dir=tmp_path / "c2", seed=1, batch_size=8,
+                      batched=True, prefetch=2)
+    got = {k: v for b in ds for k, v in zip(b["__key__"], b["bin"].items())}
+    expected = _expected(local_ds)
+    assert got == {k: s["bin"] for k, s in expected.items()}
+    assert ds.stats["fast_start_requests"] == 0

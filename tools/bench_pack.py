@@ -117,6 +117,10 @@ def contenders():
         "shardpack-tar": sp("tar"),
         "shardpack-msgpack": sp("msgpack"),
         "tar-cf": lambda s, o: ["tar", "-cf", os.path.join(o, "data.tar"), "-C", s, "."],
+        # the durable floor: the same archive, then fsync'ed (coreutils `sync FILE`), as
+        # shardpack fsyncs every shard before publishing it
+        "tar-cf+fsync": lambda s, o: ["sh", "-c", 'tar -cf "$1" -C "$2" . && sync "$1"', "sh",
+                                      os.path.join(o, "data.tar"), s],
         "webdataset": py_peer(VENV_PY, "webdataset"),
         "mds": py_peer(PEER_PY, "mds"),
         "litdata": py_peer(PEER_PY, "litdata"),
@@ -137,6 +141,7 @@ def versions():
         "shardpack": (_cmd_out([SHARDPACK, "--version"]) or "not installed") + " (git "
         + _cmd_out(["git", "-C", ROOT, "describe", "--always", "--dirty"]) + ")",
         "tar-cf": _cmd_out(["tar", "--version"]).splitlines()[0],
+        "tar-cf+fsync": "the same tar, then " + _cmd_out(["sync", "--version"]).splitlines()[0],
         "webdataset": "webdataset " + _cmd_out([VENV_PY, "-c", meta, "webdataset"]),
         "mds": f"mosaicml-streaming {peer[0]} (torch {peer[2]})" if peer else "missing",
         "litdata": f"litdata {peer[1]}" if peer else "missing",
@@ -237,23 +242,25 @@ def summarize(info, mode):
 
 def table(info, stats):
     tar = stats.get("tar-cf", {}).get("med")
+    durable = stats.get("tar-cf+fsync", {}).get("med")
     peer_meds = [stats[p]["med"] for p in PEERS if p in stats]
     fastest = min(peer_meds) if peer_meds else None
     ratio = lambda v, ref: f"{v / ref:.2f}x" if ref else "n/a"
     lines = ["| contender | median s (min-max, n) | inner s | files/s | MB/s | vs tar -cf | "
-             "vs fastest peer | peak RSS MB (largest proc / tree PSS) | output MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "vs tar -cf+fsync | vs fastest peer | peak RSS MB (largest proc / tree PSS) | output MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in sorted(stats.items(), key=lambda kv: kv[1]["med"]):
         inner = f"{s['inner']:.2f}" if s["inner"] is not None else "-"
         lines.append(f"| {name} | {s['med']:.2f} ({s['lo']:.2f}-{s['hi']:.2f}, {s['n']}) | {inner} "
                      f"| {info['files'] / s['med']:,.0f} | {info['bytes'] / 1e6 / s['med']:,.1f} "
-                     f"| {ratio(s['med'], tar)} | {ratio(s['med'], fastest)} "
+                     f"| {ratio(s['med'], tar)} | {ratio(s['med'], durable)} "
+                     f"| {ratio(s['med'], fastest)} "
                      f"| {s['rss']:,.0f} / {s['pss']:,.0f} | {s['out_mb']:,.1f} |"
                      .replace(" / 0 |", " / - |"))
-    return lines, tar, fastest
+    return lines, tar, durable, fastest
 
 
-def targets(tree, count, stats, tar, fastest, mode):
+def targets(tree, count, stats, tar, durable, fastest, mode):
     out = []
     for name in ("shardpack-tar", "shardpack-msgpack"):
         if name not in stats:
@@ -267,6 +274,9 @@ def targets(tree, count, stats, tar, fastest, mode):
             ok = s["med"] <= 1.5 * tar
             out.append(f"- {name}, {mode}: <= 1.5x tar -cf: {s['med'] / tar:.2f}x "
                        f"-> **{'PASS' if ok else 'FAIL'}**")
+        if durable:  # not an issue target: the like-for-like reference (both fsync)
+            out.append(f"  - for reference, vs tar -cf+fsync (same durability): "
+                       f"{s['med'] / durable:.2f}x")
         if tree == "tiny":
             peak = max(s["rss"], s["pss"])  # the tree's summed PSS for multi-process packers
             verdict = ("PASS" if peak < 1024 else "FAIL") if count >= 1_000_000 else \
@@ -342,9 +352,9 @@ def main():
                     f"{'eviction' if mode == 'cold' else 'warming'}, "
                     f"{min(a for _, a in res):.1%}-{max(a for _, a in res):.1%} at start)", ""]
             stats = summarize(info, mode)
-            lines, tar, fastest = table(info, stats)
+            lines, tar, durable, fastest = table(info, stats)
             doc += lines + [""]
-            goals += targets(tree, count, stats, tar, fastest, mode)
+            goals += targets(tree, count, stats, tar, durable, fastest, mode)
         if goals:
             doc += ["Targets:", ""] + goals + [""]
         if "fincore" in info:
@@ -374,8 +384,13 @@ METHOD = """#### Method
 - Cold: `os.sync()`, then `posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)` on every source file;
   mmap + mincore on a random 300-file sample checks the resident fraction. Directory entries and
   inodes stay cached (no `drop_caches` here). Warm: every source file read once beforehand.
-  Output goes to a scratch folder that is deleted (and `sync`ed) after every run; no contender
-  fsyncs its output, so writeback to disk is not in the figures.
+  Output goes to a scratch folder that is deleted (and `sync`ed) after every run.
+- Durability differs: shardpack fsyncs every shard and index before it renames them into place
+  (the project's rule for writes), so its times include writing the output to disk; tar -cf and
+  the three peers leave their output dirty in the page cache (2 GB stays under this machine's
+  writeback threshold), so theirs do not. `tar-cf+fsync` (the same `tar -cf`, then `sync FILE`,
+  which fsyncs the archive) is the like-for-like floor; its ratio is listed for reference, next
+  to the issue's targets, which are against plain `tar -cf`.
 - Shard size 256 MB for all; no compression. webdataset: `ShardWriter(maxsize=256e6, maxcount=10**12)`
   (size alone cuts shards), key = relative path without extension, field = extension, `cls` = class index as ASCII decimal.
   MDS: `MDSWriter(columns={'key': 'str', 'jpg': 'bytes', 'cls': 'int'}, size_limit=256e6,

@@ -190,6 +190,7 @@ def summarize(runs):
 
 
 LABELS = [("local", "local files (reference), prefetch n/a"),
+          ("local2", "local files, 2nd epoch (reference for warm)"),
           ("cold4", "remote, cache, cold, prefetch=4"),
           ("warm4", "remote, cache, warm (2nd epoch), prefetch=4"),
           ("cold0", "remote, cache, cold, prefetch=0"),
@@ -200,12 +201,13 @@ LABELS = [("local", "local files (reference), prefetch n/a"),
 
 
 def report(s, proxy, shard_get, args, machine, info):
-    local = s.get("local", {}).get("sps")
     rows = ["| case | samples | reps | epoch s | worst s | first batch s | samples/s | MB/s | "
-            "vs local | samples/s after 1st batch |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "vs local (same epoch) | samples/s after 1st batch |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, label in LABELS:
         if key in s:
             r = s[key]
+            local = s.get("local2" if key in ("warm4", "local2") else "local", {}).get("sps")
             ratio = f"{r['sps'] / local:.2f}x" if local else "?"
             ttfb = f"{r['ttfb']:.2f}" if r["ttfb"] is not None else "-"
             if key == "first":  # one batch only: its rates mean nothing
@@ -222,12 +224,14 @@ def report(s, proxy, shard_get, args, machine, info):
 
     def check(name, ok, detail):
         checks.append(f"| {name} | {detail} | {'PASS' if ok else 'FAIL'} |")
-    if "warm4" in s and local:
-        r = s["warm4"]["sps"] / local
-        check("steady state (warm, whole epoch) >= 90% of local", r >= 0.9, f"{r:.0%} of local")
-        if s["warm4"]["after"] and s["local"]["after"]:
-            r = s["warm4"]["after"] / s["local"]["after"]
-            check("steady state (warm, after 1st batch) >= 90% of local", r >= 0.9,
+    ref = s.get("local2") or s.get("local")  # the warm epoch is a 2nd epoch: so is its reference
+    if "warm4" in s and ref:
+        r = s["warm4"]["sps"] / ref["sps"]
+        check("steady state (warm, whole epoch) >= 90% of local (2nd epochs)", r >= 0.9,
+              f"{r:.0%} of local")
+        if s["warm4"]["after"] and ref["after"]:
+            r = s["warm4"]["after"] / ref["after"]
+            check("steady state (warm, after 1st batch) >= 90% of local (2nd epochs)", r >= 0.9,
                   f"{r:.0%} of local")
     for key, what in (("cold4", "shuffle on"), ("first", "shuffle off")):
         if key in s and shard_get:
@@ -256,7 +260,7 @@ def report(s, proxy, shard_get, args, machine, info):
 def run_case(case, url, packed, cache_root, perfile_urls, big_url):
     """One case, in this process; returns what main() records for it."""
     if case == "local":
-        return run_shards(packed, None, 4)
+        return run_shards(packed, None, 4, epochs=2)
     if case == "cold4":
         return run_shards(url, cache_root, 4, epochs=2)
     if case == "cold0":
@@ -333,9 +337,9 @@ def main():
                 shutil.rmtree(cache_root, ignore_errors=True)
                 result = case_subprocess(case, url, packed, cache_root, perfile_urls,
                                          f"{servers.url}/packed/{biggest}")
-                if case == "cold4":
-                    runs["cold4"].append(result[0])
-                    runs["warm4"].append(result[1])
+                if case in ("cold4", "local"):
+                    runs[case].append(result[0])
+                    runs["warm4" if case == "cold4" else "local2"].append(result[1])
                 elif case == "proxy":
                     gets.append(tuple(result[0]))
                 else:
