@@ -37,6 +37,20 @@ def manifest_of(out: Path) -> dict:
         return json.load(f)
 
 
+def count_batches(monkeypatch) -> list[int]:
+    """Spy on pyarrow's ParquetFile.iter_batches: the returned list gets each batch's row count."""
+    pulled = []
+    real = pq.ParquetFile.iter_batches
+
+    def spy(self, *args, **kwargs):
+        for batch in real(self, *args, **kwargs):
+            pulled.append(batch.num_rows)
+            yield batch
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    return pulled
+
+
 def test_pyarrow_columns(tmp_path):
     jpgs = [image_bytes(c, "JPEG") for c in ("red", "green", "blue")]
     table = pa.table({
@@ -181,18 +195,11 @@ def test_record_batches_bound_memory(tmp_path, monkeypatch):
                    tmp_path / "rg.parquet", row_group_size=10)
     assert pq.ParquetFile(tmp_path / "rg.parquet").metadata.num_row_groups == 5
     monkeypatch.setattr(parquet_source, "MAX_BATCH_ROWS", 4)
-    pulled = []
-    real = pq.ParquetFile.iter_batches
-
-    def spy(self, *args, **kwargs):
-        for batch in real(self, *args, **kwargs):
-            pulled.append(batch.num_rows)
-            yield batch
+    pulled = count_batches(monkeypatch)
 
     def whole_table(*args, **kwargs):
         raise AssertionError("read the whole table")
 
-    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
     monkeypatch.setattr(pq.ParquetFile, "read", whole_table)
     monkeypatch.setattr(pq, "read_table", whole_table)
     stream = iter(ParquetSource(tmp_path / "rg.parquet"))
@@ -350,15 +357,7 @@ def test_writer_reads_cells_in_small_batches_in_any_order(tmp_path, monkeypatch)
                    tmp_path / "s.parquet", row_group_size=10)
     url = str(tmp_path / "s.parquet")
     monkeypatch.setattr(writer.RowReader, "BATCH_BYTES", 2500)  # ~2 rows of ~1 KB
-    pulled = []
-    real = pq.ParquetFile.iter_batches
-
-    def spy(self, *args, **kwargs):
-        for batch in real(self, *args, **kwargs):
-            pulled.append(batch.num_rows)
-            yield batch
-
-    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    pulled = count_batches(monkeypatch)
     order = [0, 1, 5, 9, 3, 12, 29, 28, 10]
 
     def cell(row, column):
