@@ -130,8 +130,9 @@ class ShardCache:
                 if _file_hash(tmp) != shard["hash"]:
                     raise IntegrityError("downloaded shard does not match the manifest's hash",
                                          path=shard["name"])
-                # no fsync: a cache file is re-hashed by every process before its first use, so
-                # one torn by a crash is refetched; fsync cost 15-20% of a cold remote epoch
+                # no fsync: a process re-hashes a cache file before its first use unless it
+                # carries a stamp of this boot, so one torn by a crash (a new boot) is refetched;
+                # fsync cost 15-20% of a cold remote epoch
                 with self._global():
                     self._evict(shard["bytes"], keep=path)
                     os.replace(tmp, path)
