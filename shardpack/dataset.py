@@ -58,6 +58,9 @@ class ShardDataset(IterableDataset):
             self.reader.chunk_memory = max(self.reader.chunk_memory,
                                            int(1.25 * shuffle_window * mean) +
                                            4 * self.reader.CHUNK_BYTES)
+        if shuffle:  # a batch reads from up to window / block_size shards: keep them all open,
+            # or every batch closes and re-maps cached shards (1 GB test: 29% slower warm)
+            self.reader.open_cached += -(-shuffle_window // max(1, block_size))
         unknown = sorted(set(fields or ()) - set(self.reader.fields))
         if unknown:
             raise ValueError(f"unknown fields {unknown}: the dataset has {self.reader.fields}")

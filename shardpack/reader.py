@@ -37,6 +37,9 @@ class DatasetReader:
                  cache_limit="50GB", prefetch: int = 2):
         self.storage = Storage(url, storage_options)
         self.prefetch = prefetch
+        # cached shards a process keeps open (and locked against eviction); ShardDataset raises
+        # it to cover the shards one shuffle window reads from
+        self.open_cached = prefetch + 4
         self.chunk_memory = self.CHUNK_MEMORY
         try:
             data = self.storage.read_bytes(fmt.MANIFEST_NAME)
@@ -150,7 +153,7 @@ class DatasetReader:
             raise
         # cached shards stay locked (never evicted) while open: keep few open, so the cache
         # limit can be honoured; local files can stay open freely
-        limit = self.MAX_OPEN_SHARDS if entry is None else self.prefetch + 4
+        limit = self.MAX_OPEN_SHARDS if entry is None else self.open_cached
         with self._lock:
             self._buffers[shard] = (view, entry)
             while len(self._buffers) > limit:

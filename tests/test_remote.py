@@ -305,3 +305,19 @@ def test_fast_start_bad_piece_falls_back_to_whole_shards(local_ds, http_server, 
     expected = _expected(local_ds)
     assert got == {k: s["bin"] for k, s in expected.items()}
     assert ds.stats["fast_start_requests"] == 0
+
+
+def test_shuffled_epoch_keeps_its_window_of_cached_shards_open(local_ds, http_server, tmp_path):
+    """A shuffled batch reads from up to shuffle_window / block_size shards; the reader keeps
+    that many cached shards open besides prefetch + 4, so an epoch opens each shard once instead
+    of closing and re-mapping them batch after batch."""
+    server = http_server(local_ds)
+    ds = ShardDataset(server.url, cache_dir=tmp_path / "cache", seed=5, batch_size=4,
+                      batched=True, prefetch=0, block_size=2, shuffle_window=12)
+    assert ds.reader.open_cached == 0 + 4 + 12 // 2
+    keys = [k for b in ds for k in b["__key__"]]
+    assert sorted(keys) == sorted(_expected(local_ds))
+    stats = ds.reader.cache.stats
+    assert stats["downloads"] == 10 and stats["hits"] == 0  # 5 shards + 5 indexes, once each
+    plain = ShardDataset(server.url, cache_dir=tmp_path / "cache", shuffle=False, prefetch=0)
+    assert plain.reader.open_cached == 4
