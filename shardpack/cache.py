@@ -93,7 +93,7 @@ class ShardCache:
             entry = self._get(path, shard, download)
             if self._verify(entry, shard):
                 return entry
-            ident = _identity(entry.path)
+            ident = _identity(entry.path, entry.fd)
             entry.close()
             self._discard(path, ident)  # corrupt in the cache: fetch again, once
             self.stats["refetches"] += 1
@@ -133,16 +133,17 @@ class ShardCache:
                 # no fsync: a process re-hashes a cache file before its first use unless it
                 # carries a stamp of this boot, so one torn by a crash (a new boot) is refetched;
                 # fsync cost 15-20% of a cold remote epoch
+                _stamp(tfd, shard["hash"])  # before anyone can find it (the inode keeps it)
+                st = os.fstat(tfd)
                 with self._global():
                     self._evict(shard["bytes"], keep=path)
                     os.replace(tmp, path)
+                    self._verified.add((path, st.st_size, st.st_mtime_ns))  # == _identity(path)
                     # the same open file now is the cache entry: turn the writer's exclusive
                     # lock into a reader's shared one (waiters wake up and find the file)
                     fcntl.flock(tfd, fcntl.LOCK_SH)
                     entry, tfd = CacheEntry(path, tfd), -1
                 self.stats["downloads"] += 1
-                self._verified.add(_identity(path))
-                _stamp(entry.fd, shard["hash"])
                 return entry
             except BaseException:
                 try:
@@ -188,7 +189,7 @@ class ShardCache:
         return None
 
     def _verify(self, entry: CacheEntry, shard: dict) -> bool:
-        ident = _identity(entry.path)
+        ident = _identity(entry.path, entry.fd)
         if ident in self._verified:
             return True
         if ident[1] == shard["bytes"] and _stamp_ok(entry.fd, shard["hash"]):
@@ -317,8 +318,10 @@ def _stamp_ok(fd: int, content_hash: str) -> bool:
         return False
 
 
-def _identity(path: str) -> tuple[str, int, int]:
-    st = os.stat(path)
+def _identity(path: str, fd: int | None = None) -> tuple[str, int, int]:
+    """(path, size, mtime) of a cache file; from its open fd when given (another thread or
+    process may have deleted the path meanwhile)."""
+    st = os.fstat(fd) if fd is not None else os.stat(path)
     return path, st.st_size, st.st_mtime_ns
 
 

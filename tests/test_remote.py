@@ -150,8 +150,16 @@ def test_corrupt_cached_shard_is_fetched_again(local_ds, http_server, tmp_path):
     data = bytearray(open(cached[0], "rb").read())
     data[100] ^= 0xFF
     open(cached[0], "wb").write(bytes(data))
-    ds = ShardDataset(server.url, cache_dir=cache, shuffle=False)
-    assert len(list(ds)) == N and ds.reader.cache.stats["refetches"] == 1
+    ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=0)  # one thread:
+    assert len(list(ds)) == N and ds.reader.cache.stats["refetches"] == 1     # one refetch
+    for _ in range(3):  # with prefetch threads too: several threads may find it corrupt at once
+        data = bytearray(open(cached[0], "rb").read())
+        data[100] ^= 0xFF
+        open(cached[0], "wb").write(bytes(data))
+        ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=4)
+        got = {s["__key__"]: s["bin"] for s in ds}
+        assert got == {k: s["bin"] for k, s in _expected(local_ds).items()}
+        assert ds.reader.cache.stats["refetches"] >= 1
 
 
 def test_verified_stamp_spares_the_rehash_until_the_file_or_boot_changes(
@@ -172,8 +180,8 @@ def test_verified_stamp_spares_the_rehash_until_the_file_or_boot_changes(
     assert os.getxattr(cached[0], cache_mod.STAMP_ATTR).split()[0].decode() == \
         cache_mod._BOOT_ID
 
-    def fresh():
-        ds = ShardDataset(server.url, cache_dir=cache, shuffle=False)
+    def fresh():  # (no prefetch threads: two threads checking one file may both re-hash it)
+        ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=0)
         assert len(list(ds)) == N
         return ds.reader.cache.stats
 
