@@ -192,16 +192,17 @@ class ShardCache:
         ident = _identity(entry.path, entry.fd)
         if ident in self._verified:
             return True
-        if ident[1] == shard["bytes"] and _stamp_ok(entry.fd, shard["hash"]):
+        if ident[1] != shard["bytes"]:
+            return False
+        if _stamp_ok(entry.fd, shard["hash"]):
             self.stats["stamped"] += 1
-            self._verified.add(ident)
-            return True
-        ok = ident[1] == shard["bytes"] and _file_hash(entry.path) == shard["hash"]
-        if ok:
+        elif _file_hash(entry.path) == shard["hash"]:
             self.stats["rehashed"] += 1
-            self._verified.add(ident)
             _stamp(entry.fd, shard["hash"])
-        return ok
+        else:
+            return False
+        self._verified.add(ident)
+        return True
 
     def _discard(self, path: str, ident: tuple) -> None:
         """Delete a cached file found corrupt (unless it was replaced meanwhile).  Readers that

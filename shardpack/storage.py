@@ -182,19 +182,26 @@ class Storage:
         def fetch():
             if start is None and end is None:
                 return self.fs.cat_file(self.path(name))
-            data = self.fs.cat_file(self.path(name), start=start, end=end)
-            want = end - (start or 0)
-            if len(data) == want:
-                return data
-            if len(data) > want and (start or 0) + want <= len(data):
-                self.stats["ignored_range"] += 1  # a 200 with the whole body
-                return data[start or 0:end]
-            raise ShortReadError(f"asked for {want} bytes at {start}, got {len(data)}")
+            return self._exact(self.fs.cat_file(self.path(name), start=start, end=end),
+                               start or 0, end)
 
         try:
             return self._call("read", name, fetch)
         except FileNotFoundError:
             raise DatasetNotFoundError("file is missing", path=self.display(name)) from None
+
+    def _exact(self, data: bytes, start: int, end: int, name: str | None = None) -> bytes:
+        """Bytes [start, end) from what a ranged request returned: a server that ignored Range
+        and sent the whole file is tolerated (the range is cut out, counted); short is an error
+        (naming ``name``, for requests of several files)."""
+        want = end - start
+        if len(data) == want:
+            return data
+        if len(data) > want and end <= len(data):
+            self.stats["ignored_range"] += 1  # a 200 with the whole body
+            return data[start:end]
+        raise ShortReadError((f"{self.display(name)}: " if name else "") +
+                             f"asked for {want} bytes at {start}, got {len(data)}")
 
     def read_ranges(self, ranges: list[tuple[str, int, int]]) -> list[bytes]:
         """Bytes [start, end) of each (name, start, end), fetched concurrently by fsspec (one
@@ -208,17 +215,8 @@ class Storage:
             got = iter(self.fs.cat_ranges([self.path(n) for n, _, _ in asked],
                                           [s for _, s, _ in asked], [e for _, _, e in asked],
                                           on_error="raise"))
-            out = []
-            for name, start, end in ranges:
-                data = next(got) if end > start else b""
-                if len(data) > end - start and end <= len(data):  # Range ignored (a 200)
-                    self.stats["ignored_range"] += 1
-                    data = data[start:end]
-                if len(data) != end - start:
-                    raise ShortReadError(f"{self.display(name)}: asked for {end - start} bytes "
-                                         f"at {start}, got {len(data)}")
-                out.append(data)
-            return out
+            return [self._exact(next(got), start, end, name) if end > start else b""
+                    for name, start, end in ranges]
 
         try:
             return self._call("read", asked[0][0], fetch)

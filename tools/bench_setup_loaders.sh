@@ -28,15 +28,10 @@ if ! pkg-config --exists libturbojpeg opencv4 2>/dev/null; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q pkg-config libturbojpeg0-dev libopencv-dev
 fi
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-pins=$(mktemp)
-trap 'rm -f "$pins"' EXIT
-echo "torch==2.13.0" >"$pins"
-"${PIP[@]}" install -q "torch==2.13.0"
-"${PIP[@]}" install -q -c "$pins" numpy opencv-python-headless pillow numba matplotlib pkgconfig \
+. tools/torch_venv.sh
+fresh_torch_venv "$VENV"
+"${PIP[@]}" install -q -c "$PINS" numpy opencv-python-headless pillow numba matplotlib pkgconfig \
   setuptools wheel
-"${PIP[@]}" install -q -c "$pins" --no-build-isolation "ffcv==1.0.2"
-"${PIP[@]}" install -q -c "$pins" "nvidia-dali-cuda120"
+"${PIP[@]}" install -q -c "$PINS" --no-build-isolation "ffcv==1.0.2"
+"${PIP[@]}" install -q -c "$PINS" "nvidia-dali-cuda120"
 check

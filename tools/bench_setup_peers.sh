@@ -35,13 +35,8 @@ PYEOF
 if [ "${1:-}" = "--keep" ] && [ -x "$VENV/bin/python" ] && check_peers 2>/dev/null; then
   exit 0
 fi
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-pins=$(mktemp)
-trap 'rm -f "$pins"' EXIT
-echo "torch==2.13.0" >"$pins"
-"${PIP[@]}" install -q "torch==2.13.0"
-"${PIP[@]}" install -q -c "$pins" "mosaicml-streaming==0.13.0" "litdata==0.2.76" "webdataset==1.0.2"
+. tools/torch_venv.sh
+fresh_torch_venv "$VENV"
+"${PIP[@]}" install -q -c "$PINS" "mosaicml-streaming==0.13.0" "litdata==0.2.76" "webdataset==1.0.2"
 "${PIP[@]}" uninstall -q -y torchvision
 check_peers
