@@ -3,12 +3,13 @@
 DataLoader workers hand batches to the main process by pickling them; tensors travel through
 shared memory instead.  A list of 256 ``bytes`` objects is 256 pickled strings; one tensor is one
 shared-memory segment.  ``collate`` turns every bytes field into a :class:`BytesBatch`, ``cls``
-into an int64 tensor, ``__index__`` and ``__repeat__`` into tensors and keeps keys as a list.
+into an int64 tensor, ``__index__`` and ``__repeat__`` into tensors and keys into :class:`Keys`.
 A bytes field that some samples of the batch lack collates as an empty item for them.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -16,28 +17,130 @@ import numpy as np
 from .torchenv import torch
 
 LABEL_FIELDS = ("cls",)
-INLINE_LIMIT = 1 << 20  # tensors under 1 MB travel inside the pickle, larger ones as shared memory
+INLINE_LIMIT = 1 << 20  # tensors under 1 MB travel inside the pickle when no slot is leased
+SLOT_MIN = 64 << 10     # tensors from this size on go into a reusable slot (shardpack.buffers)
+
+
+class Keys:
+    """A batch's sample keys: a read-only sequence of ``str`` (``len``, indexing, slicing,
+    iteration, ``in``, ``==`` with a list, ``+`` with a list gives a list; ``list(keys)`` or
+    ``keys.tolist()`` for a list).
+
+    Held as one UTF-8 blob plus offsets and decoded on first use.  Not a ``list`` on purpose: the
+    DataLoader's ``default_convert`` visits every item of a list in the worker (335 us for 256
+    keys here, a third of a tiny-sample batch's cost) and passes other objects through."""
+
+    __slots__ = ("_blob", "_offsets", "_strs")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, blob: bytes, offsets: bytes):
+        """``offsets``: native int64 bytes, n + 1 of them, into ``blob``."""
+        self._blob, self._offsets, self._strs = blob, offsets, None
+
+    @classmethod
+    def of(cls, keys: Sequence[str]) -> "Keys":
+        parts = [k.encode("utf-8", "surrogateescape") for k in keys]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in parts], out=offsets[1:])
+        return cls(b"".join(parts), offsets.tobytes())
+
+    def tolist(self) -> list[str]:
+        if self._strs is None:
+            blob, off = self._blob, np.frombuffer(self._offsets, dtype=np.int64).tolist()
+            self._strs = [blob[a:b].decode("utf-8", "surrogateescape")
+                          for a, b in zip(off, off[1:])]
+        return self._strs
+
+    def __len__(self) -> int:
+        return len(self._offsets) // 8 - 1
+
+    def __getitem__(self, i):
+        return self.tolist()[i]
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __contains__(self, key) -> bool:
+        return key in self.tolist()
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Keys):
+            return self._blob == other._blob and self._offsets == other._offsets
+        if isinstance(other, (list, tuple)):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    def __add__(self, other) -> list[str]:  # keys + [..] and sum(batch keys, [])
+        return self.tolist() + list(other)
+
+    def __radd__(self, other) -> list[str]:
+        return list(other) + self.tolist()
+
+    def __repr__(self) -> str:
+        return f"Keys({self.tolist()!r})"
+
+    def __reduce__(self):
+        return Keys, (self._blob, self._offsets)
 
 
 class Batch(dict):
     """A batch (a dict) that crosses from a DataLoader worker to the trainer cheaply.
 
     Measured here: every tensor sent through shared memory costs about 2.5 ms (a new segment and a
-    file descriptor passed per tensor), so a batch of five small tensors tops out near 150
-    batches/s.  Tensors under INLINE_LIMIT bytes are therefore pickled inline (one memcpy);
-    larger ones still go through shared memory, allocated there from the start."""
+    file descriptor passed per tensor), and a fresh 25.6 MB segment costs 28 ms to fill against
+    4 ms for memory already mapped.  So: tensors in a leased slot of a
+    :class:`~shardpack.buffers.SlotPool` travel as a slot number; other tensors under
+    INLINE_LIMIT bytes are pickled inline (one memcpy); larger ones go through shared memory."""
+
+    pool = None  # the dataset's SlotPool, where the batch was made in a worker that has one
+
+    def __copy__(self):  # copy.copy (default_convert does one) must not go through __reduce__
+        out = Batch(self)
+        out.__dict__.update(self.__dict__)
+        return out
+
+    def buffer(self, nbytes: int) -> "torch.Tensor":
+        """A uint8 tensor of ``nbytes`` to put a field in: a leased slot when this batch came from
+        a worker with a slot pool, else :func:`new_buffer`."""
+        lease = self.pool.lease(nbytes) if self.pool is not None and nbytes >= SLOT_MIN \
+            else None
+        if lease is None:
+            from .torchenv import get_worker_info
+
+            return new_buffer(nbytes, get_worker_info() is not None and nbytes >= INLINE_LIMIT)
+        tensor = torch.from_numpy(lease.array)
+        if "_leases" not in self.__dict__:
+            self._leases = {}
+        self._leases[tensor.data_ptr()] = lease
+        return tensor
 
     def __reduce__(self):
-        return _rebuild_batch, ({k: _pack(v) for k, v in self.items()},)
+        leases = self.__dict__.get("_leases") or {}
+        return _rebuild_batch, ({k: _pack(v, leases) for k, v in self.items()},)
 
 
-def _pack(value):
+def _leased(value, leases):
+    """The lease whose whole slot ``value`` (a contiguous tensor) is, or None."""
+    if not leases or not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+        return None
+    lease = leases.get(value.data_ptr())
+    if lease is None or lease.sent or not value.is_contiguous() or \
+            value.numel() * value.element_size() != lease.nbytes:
+        return None
+    return lease
+
+
+def _pack(value, leases):
     if isinstance(value, BytesBatch):
-        return ("bytes", _pack(value.data), _pack(value.offsets))
+        return ("bytes", _pack(value.data, leases), _pack(value.offsets, leases))
+    lease = _leased(value, leases)
+    if lease is not None:
+        array = value.numpy()
+        return ("slot", lease.handle(), array.dtype.char, array.shape)
     if isinstance(value, torch.Tensor) and value.device.type == "cpu" and \
             value.numel() * value.element_size() < INLINE_LIMIT:
         array = value.contiguous().numpy()
-        return ("tensor", str(array.dtype), array.shape, bytearray(array.reshape(-1).view(np.uint8)))
+        return ("tensor", array.dtype.char, array.shape, array.tobytes())
     return ("value", value)
 
 
@@ -47,7 +150,12 @@ def _unpack(packed):
         return BytesBatch(_unpack(packed[1]), _unpack(packed[2]))
     if kind == "tensor":
         _, dtype, shape, raw = packed
-        return torch.from_numpy(np.frombuffer(raw, dtype=dtype).reshape(shape))
+        return torch.from_numpy(np.frombuffer(bytearray(raw), dtype=dtype).reshape(shape))
+    if kind == "slot":
+        from .buffers import receive
+
+        _, handle, dtype, shape = packed
+        return torch.from_numpy(receive(*handle).view(dtype).reshape(shape))
     return packed[1]
 
 
@@ -96,7 +204,7 @@ def collate(batch: Sequence[dict]) -> dict:
                                  "only bytes fields may be absent (they collate as b'')")
             values = [b"" if v is None else v for v in values]
         if name == "__key__":
-            out[name] = values
+            out[name] = Keys.of(values)
         elif name in LABEL_FIELDS and isinstance(values[0], (bytes, bytearray)):
             out[name] = torch.tensor([int(v) for v in values], dtype=torch.int64)
         elif isinstance(values[0], (bytes, bytearray, memoryview)):
@@ -119,35 +227,34 @@ def new_buffer(nbytes: int, shared: bool) -> "torch.Tensor":
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
-def _copy_spans(dst: memoryview, src: memoryview, src_starts: np.ndarray, sizes: np.ndarray,
-                dst_starts: np.ndarray) -> None:
-    """dst[dst_starts[i]:+sizes[i]] = src[src_starts[i]:+sizes[i]] for every i.  memoryview slice
-    assignment: measured here ~0.8 us per span, against ~1.5 us with numpy slices and far more with
-    one fancy-indexed gather."""
-    for s, n, d in zip(src_starts.tolist(), sizes.tolist(), dst_starts.tolist()):
-        dst[d:d + n] = src[s:s + n]
-
-
 def _parse_decimal(src: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray | None:
     """ASCII decimal labels -> int64, vectorised; None if any value is not plain digits."""
-    width = int(sizes.max()) if len(sizes) else 0
-    if width == 0 or width > 18 or int(sizes.min()) == 0:
+    if not len(sizes):
+        return np.zeros(0, dtype=np.int64)
+    width, narrowest = int(sizes.max()), int(sizes.min())
+    if narrowest == 0 or width > 18:
         return None
-    cols = np.arange(width)
-    inside = cols[None, :] < sizes[:, None]
-    chars = src[np.where(inside, starts[:, None] + cols[None, :], 0)].astype(np.int64) - 48
-    if np.any(inside & ((chars < 0) | (chars > 9))):
+    if width == 1:  # labels 0-9: one byte each
+        digits = src[starts].astype(np.int64) - 48
+        return digits if not np.any((digits < 0) | (digits > 9)) else None
+    # right-align every label in `width` columns; the columns left of a label read as '0'
+    cols = np.arange(width - 1, -1, -1)  # distance from the last digit
+    pad = cols[None, :] >= sizes[:, None]
+    at = np.where(pad, 0, (starts + sizes - 1)[:, None] - cols[None, :])
+    digits = np.where(pad, 48, src[at]).astype(np.int64) - 48
+    if np.any((digits < 0) | (digits > 9)):
         return None
-    powers = 10 ** np.clip(sizes[:, None] - 1 - cols[None, :], 0, None)
-    return np.where(inside, chars * powers, 0).sum(axis=1)
+    return digits @ (10 ** cols)
 
 
 def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
-                 shared: bool = False) -> dict | None:
+                 shared: bool = False, pool=None) -> dict | None:
     """A whole batch of samples read straight from memory-mapped shards into one tensor per
-    field: each field's bytes are copied once, with no per-sample Python objects.  msgpack
-    records are CRC-checked.  Returns None when the fast path does not apply (remote storage,
-    compressed records); the caller then reads sample by sample."""
+    field: each field's bytes are copied once, with no per-sample Python objects but the slices.
+    msgpack records are CRC-checked.  ``shared``: the batch will cross to another process (a
+    DataLoader worker); ``pool``: a :class:`~shardpack.buffers.SlotPool` to put large fields in.
+    Returns None when the fast path does not apply (remote storage, compressed records); the
+    caller then reads sample by sample."""
     from . import format as fmt
     from .errors import IntegrityError
 
@@ -156,9 +263,10 @@ def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
     rows = ids - reader.offsets[shards]
     names = list(fields) if fields else list(reader.fields)
     sizes = {f: np.zeros(n, dtype=np.int64) for f in names}
-    srcpos = {f: np.zeros(n, dtype=np.int64) for f in names}
-    keys: list = [None] * n
-    groups = []
+    starts = {f: np.zeros(n, dtype=np.int64) for f in names}
+    key_starts, key_ends = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    group = np.zeros(n, dtype=np.int64)
+    bufs, blobs = [], []
     for shard in sorted(set(shards.tolist())):  # (np.unique imports numpy.ma: 0.15 s a worker)
         index = reader.index(shard)
         if index.compression != "none":
@@ -168,47 +276,82 @@ def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
             return None
         sel = np.flatnonzero(shards == shard)
         r = rows[sel]
-        base = index.starts[r].astype(np.int64)
         if index.shard_format == "msgpack":
             _check_records(index, r, buf, reader.shard_path(shard), IntegrityError, fmt)
-            base += fmt.RECORD_HEADER.size
+        spans = index.field_spans
         for f in names:
-            if f not in index.fields:
-                continue
-            col = index.fields.index(f)
-            off = index.field_offsets[r, col]
-            present = off != fmt.MISSING
-            sizes[f][sel] = np.where(present, index.field_sizes[r, col], 0).astype(np.int64)
-            srcpos[f][sel] = base + np.where(present, off, 0).astype(np.int64)
-        blob, koff = index.key_blob, index.key_offsets
-        for i, a, b in zip(sel.tolist(), koff[r].tolist(), koff[r + 1].tolist()):
-            keys[i] = blob[a:b].decode("utf-8", "surrogateescape")
-        groups.append((sel, np.frombuffer(buf, dtype=np.uint8)))
-    out = Batch({"__key__": keys, "__index__": torch.from_numpy(np.array(ids, dtype=np.int64)),
+            if f in spans:
+                starts[f][sel] = spans[f][0][r]
+                sizes[f][sel] = spans[f][1][r]
+        key_starts[sel], key_ends[sel] = index.key_bounds[0][r], index.key_bounds[1][r]
+        group[sel] = len(bufs)
+        bufs.append(memoryview(buf))
+        blobs.append(memoryview(index.key_blob))
+    where = group.tolist()
+    key_parts = _slices([blobs[g] for g in where], key_starts, key_ends - key_starts)
+    key_offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(key_ends - key_starts, out=key_offsets[1:])
+    out = Batch({"__key__": Keys(b"".join(key_parts), key_offsets.tobytes()),
+                 "__index__": torch.from_numpy(np.array(ids, dtype=np.int64)),
                  "__repeat__": torch.from_numpy(np.array(repeats, dtype=bool))})
+    if shared:
+        out.pool = pool
+    srcs = [bufs[g] for g in where]
     for f in names:
+        parts = _slices(srcs, starts[f], sizes[f]) if f not in LABEL_FIELDS else None
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(sizes[f], out=offsets[1:])
+        total = int(offsets[-1])
         if f in LABEL_FIELDS:
-            labels = np.zeros(n, dtype=np.int64)
-            for sel, src in groups:
-                parsed = _parse_decimal(src, srcpos[f][sel], sizes[f][sel])
-                if parsed is None:
-                    try:
-                        parsed = [int(src[a:a + k].tobytes()) for a, k in
-                                  zip(srcpos[f][sel].tolist(), sizes[f][sel].tolist())]
-                    except ValueError:
-                        raise ValueError(f"field {f!r} holds a value that is not an integer, "
-                                         "or is missing from some samples") from None
-                labels[sel] = parsed
-            out[f] = torch.from_numpy(labels)
+            out[f] = torch.from_numpy(_labels(f, bufs, group, srcs, starts[f], sizes[f]))
             continue
-        data = new_buffer(int(offsets[-1]), shared and offsets[-1] >= INLINE_LIMIT)
-        dst = memoryview(data.numpy())
-        for sel, src in groups:
-            _copy_spans(dst, memoryview(src), srcpos[f][sel], sizes[f][sel], offsets[:-1][sel])
+        if total < 4096 * n:  # small items: one join beats a slice assignment per item
+            joined = bytearray().join(parts)
+            if total >= SLOT_MIN and out.pool is not None:
+                data = out.buffer(total)
+                data.numpy()[:] = np.frombuffer(joined, dtype=np.uint8)
+            else:
+                data = torch.frombuffer(joined, dtype=torch.uint8) if total else \
+                    torch.empty(0, dtype=torch.uint8)
+        else:
+            data = out.buffer(total) if shared else new_buffer(total, False)
+            dst = memoryview(data.numpy())
+            for part, d, e in zip(parts, offsets[:-1].tolist(), offsets[1:].tolist()):
+                dst[d:e] = part
         out[f] = BytesBatch(data, torch.from_numpy(offsets))
     return out
+
+
+def _slices(srcs: list, starts: np.ndarray, sizes: np.ndarray) -> list:
+    return [src[a:a + k] for src, a, k in zip(srcs, starts.tolist(), sizes.tolist())]
+
+
+def _labels(f: str, bufs: list, group: np.ndarray, srcs: list, starts: np.ndarray,
+            sizes: np.ndarray) -> np.ndarray:
+    """ASCII decimal label fields -> int64.  From one or two shards: parsed in place in each
+    shard's buffer (35 us a shard for 256 labels here); from more: the labels' bytes are joined
+    first (120 us whatever the shard count)."""
+    if len(bufs) <= 2:
+        pieces = [(np.flatnonzero(group == g) if len(bufs) > 1 else slice(None), buf)
+                  for g, buf in enumerate(bufs)]
+    else:
+        joined = bytes().join(_slices(srcs, starts, sizes))
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        pieces, starts = [(slice(None), joined)], offsets[:-1]
+    labels = np.zeros(len(sizes), dtype=np.int64)
+    for sel, buf in pieces:
+        src = np.frombuffer(buf, dtype=np.uint8)
+        parsed = _parse_decimal(src, starts[sel], sizes[sel])
+        if parsed is None:
+            try:
+                parsed = [int(src[a:a + k].tobytes()) for a, k in
+                          zip(starts[sel].tolist(), sizes[sel].tolist())]
+            except ValueError:
+                raise ValueError(f"field {f!r} holds a value that is not an integer, "
+                                 "or is missing from some samples") from None
+        labels[sel] = parsed
+    return labels
 
 
 def _check_records(index, rows, buf, path, IntegrityError, fmt) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import partition
 from .errors import ShardpackError
+from .buffers import SlotPool
 from .reader import DatasetReader
 from .torchenv import IterableDataset, dist, placement
 
@@ -79,6 +80,9 @@ class ShardDataset(IterableDataset):
         # set_epoch() writes here; workers (persistent ones included) read it at each __iter__.
         # An anonymous shared page: it lives exactly as long as the processes holding it.
         self._epoch = multiprocessing.get_context("fork").RawValue("q", -1)
+        # batch buffers the workers reuse (shardpack.buffers): made here, before the DataLoader
+        # forks them; anonymous, so it lives exactly as long as the processes holding it
+        self._pool = SlotPool.create() if batched else None
         self._local_epoch = 0   # epochs started in this process, used until set_epoch is called
         self._resume: dict | None = None
         self._running: dict | None = None  # what the current iteration in this process is doing
@@ -284,7 +288,8 @@ class ShardDataset(IterableDataset):
             batch = None
             try:
                 if not self.reader.has_pieces:  # else: the fast start's pieces, sample by sample
-                    batch = gather_batch(self.reader, part.ids, part.repeat, self.fields, shared)
+                    batch = gather_batch(self.reader, part.ids, part.repeat, self.fields, shared,
+                                         self._pool)
             except ShardpackError:
                 if self.on_error == "raise":
                     raise

@@ -162,14 +162,14 @@ class CpuDecode:
         self.epoch = 0  # set by ShardDataset at the start of every epoch
 
     def __call__(self, batch: dict) -> dict:
-        from .batches import new_buffer
-        from .torchenv import get_worker_info, torch
+        from .batches import Batch
+        from .torchenv import torch
 
         items = batch.pop(self.field)
         count = len(items)
         size = self.opts.size
         nbytes = count * size * size * 3
-        data = new_buffer(nbytes, shared=get_worker_info() is not None and nbytes >= (1 << 20))
+        data = batch.buffer(nbytes) if isinstance(batch, Batch) else Batch().buffer(nbytes)
         images = data.numpy().reshape(count, size, size, 3)
         bad = np.zeros(count, dtype=bool)
         ids = batch["__index__"].tolist()

@@ -13,6 +13,7 @@ A dataset is a folder (or URL prefix) holding
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from dataclasses import dataclass
@@ -370,6 +371,28 @@ class ShardIndex:
 
     def keys(self) -> list[str]:
         return [self.key(i) for i in range(self.num_samples)]
+
+    @functools.cached_property
+    def field_spans(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Uncompressed shards: per field, (start in the shard file, size) of every sample's value
+        as int64, size 0 where a sample lacks the field.  Computed once per index, so that a batch
+        gather does two lookups per field instead of re-deriving them."""
+        base = self.starts[:-1].astype(np.int64)
+        if self.shard_format == "msgpack":
+            base += RECORD_HEADER.size
+        out = {}
+        for col, name in enumerate(self.fields):
+            off = self.field_offsets[:, col]
+            present = off != MISSING
+            out[name] = (base + np.where(present, off, 0).astype(np.int64),
+                         np.where(present, self.field_sizes[:, col], 0).astype(np.int64))
+        return out
+
+    @functools.cached_property
+    def key_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start, end) of every key in ``key_blob``, int64."""
+        offsets = self.key_offsets.astype(np.int64)
+        return offsets[:-1], offsets[1:]
 
     def span(self, i: int) -> tuple[int, int]:
         return int(self.starts[i]), int(self.starts[i + 1])

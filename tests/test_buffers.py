@@ -1,0 +1,162 @@
+"""Batch buffers reused between DataLoader workers and the trainer (shardpack.buffers), and Keys."""
+
+import gc
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data._utils.collate import default_convert
+
+import shardpack
+from shardpack import ShardDataset
+from shardpack.batches import SLOT_MIN, Batch, BytesBatch, Keys
+from shardpack.buffers import SlotPool, receive
+from shardpack.errors import ShardpackError
+
+from .conftest import make_tree
+
+
+def _payload(i: int, size: int) -> bytes:
+    return np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture(scope="module", params=[(48, 20_000, 8), (384, 700, 128)], ids=["big", "tiny"])
+def packed(request, tmp_path_factory):
+    """(dataset, {key: bytes}, batch size): every batch's bin field is >= SLOT_MIN bytes."""
+    count, size, batch = request.param
+    root = tmp_path_factory.mktemp("bufs")
+    files = {f"c{i % 2}/{i:04d}.bin": _payload(i, size + i % 7) for i in range(count)}
+    src = make_tree(root / "src", files)
+    shardpack.pack(src, root / "out", format="tar", max_samples=count // 3, workers=1)
+    assert size * batch >= SLOT_MIN
+    return root / "out", {k[:-4]: v for k, v in files.items()}, batch
+
+
+def _check(batch, expected):
+    keys = batch["__key__"]
+    assert isinstance(keys, Keys) and len(keys) == len(batch["bin"])
+    for key, value in zip(keys, batch["bin"].items()):
+        assert expected[key] == value, key
+
+
+def test_workers_reuse_slots_and_the_trainer_frees_them(packed):
+    path, expected, B = packed
+    ds = ShardDataset(path, batch_size=B, batched=True, seed=3)
+    pool = ds._pool
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    seen = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        for batch in loader:
+            _check(batch, expected)
+            seen += batch["__index__"].tolist()
+        # the last batch is still held here: its slot is busy, every other one came back
+        assert pool.free_slots() == pool.slots - 1
+        del batch
+        gc.collect()
+        assert pool.free_slots() == pool.slots
+    assert sorted(seen) == sorted(list(range(len(expected))) * 3)
+
+
+def test_trainer_holding_every_batch_falls_back_without_waiting(packed):
+    path, expected, B = packed
+    ds = ShardDataset(path, batch_size=B, batched=True)
+    ds._pool = SlotPool(slots=2, slot_bytes=ds._pool.slot_bytes)  # before the workers fork
+    held = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(held) == -(-len(expected) // B) > 2
+    for batch in held:  # slot contents were never overwritten while held
+        _check(batch, expected)
+    assert ds._pool.free_slots() == 0
+    del held, batch
+    gc.collect()
+    assert ds._pool.free_slots() == 2
+
+
+def test_a_field_replaced_in_the_worker_gives_its_slot_back(packed):
+    path, expected, B = packed
+
+    def drop_bytes(batch):
+        batch["size"] = torch.tensor([len(x) for x in batch.pop("bin").items()])
+        return batch
+
+    ds = ShardDataset(path, batch_size=B, batched=True, transform=drop_bytes)
+    sizes = {}
+    for batch in DataLoader(ds, batch_size=None, num_workers=1):
+        sizes.update(zip(batch["__key__"], batch["size"].tolist()))
+    assert sizes == {k: len(v) for k, v in expected.items()}
+    assert ds._pool.free_slots() == ds._pool.slots  # the worker released what it never sent
+
+
+def test_field_larger_than_a_slot_goes_the_old_way(packed):
+    path, expected, B = packed
+    ds = ShardDataset(path, batch_size=B, batched=True)
+    ds._pool = SlotPool(slots=4, slot_bytes=1 << 12)
+    for batch in DataLoader(ds, batch_size=None, num_workers=1):
+        _check(batch, expected)
+    assert ds._pool.free_slots() == 4
+
+
+def test_spawned_workers_do_not_carry_the_pool(packed):
+    path, expected, B = packed
+    ds = ShardDataset(path, batch_size=B, batched=True)
+    assert pickle.loads(pickle.dumps(ds))._pool is None
+    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    total = 0
+    for batch in loader:
+        _check(batch, expected)
+        total += len(batch["__key__"])
+    assert total == len(expected) and ds._pool.free_slots() == ds._pool.slots
+
+
+def test_lease_is_refused_in_the_owner_and_unknown_pools_are_named():
+    pool = SlotPool(slots=2, slot_bytes=1 << 16)
+    assert pool.lease(100) is None  # the owning process has nobody to send to
+    pool.owner = -1                 # pretend to be a worker
+    assert pool.lease(0) is None and pool.lease((1 << 16) + 1) is None
+    lease = pool.lease(100)
+    assert lease is not None and pool.free_slots() == 1
+    del lease
+    gc.collect()
+    assert pool.free_slots() == 2   # never sent: freed with its last view
+    with pytest.raises(ShardpackError, match="pool nope"):
+        receive("nope", 0, 10)
+
+
+def test_sent_batch_rebuilds_as_a_view_and_frees_on_death():
+    pool = SlotPool(slots=2, slot_bytes=1 << 20)
+    pool.owner = -1
+    batch = Batch({"x": torch.zeros(1)})
+    batch.pool = pool
+    data = batch.buffer(SLOT_MIN)
+    data.numpy()[:] = 7
+    batch["bin"] = BytesBatch(data, torch.tensor([0, SLOT_MIN]))
+    blob = pickle.dumps(batch)
+    assert len(blob) < 1000  # the bytes stayed in the slot
+    del batch, data
+    gc.collect()
+    assert pool.free_slots() == 1  # sent: only the receiver frees it
+    back = pickle.loads(blob)
+    view = back["bin"].data[10:20]
+    assert int(back["bin"].data.sum()) == 7 * SLOT_MIN
+    del back
+    gc.collect()
+    assert pool.free_slots() == 1  # a view of the slot is still alive
+    del view
+    gc.collect()
+    assert pool.free_slots() == 2
+
+
+def test_keys_behave_like_a_read_only_list():
+    names = ["a/1", "b/ü", "c/" + "\udcff"]  # a surrogate-escaped byte survives
+    keys = Keys.of(names)
+    assert len(keys) == 3 and list(keys) == names and keys == names and keys[1] == "b/ü"
+    assert keys[1:] == names[1:] and "a/1" in keys and keys.tolist() == names
+    assert [] + keys == names and keys + ["z"] == names + ["z"]
+    assert sum([keys, keys], []) == names * 2
+    assert pickle.loads(pickle.dumps(keys)) == keys
+    assert default_convert(keys) is keys  # the DataLoader does not walk it
+    assert repr(Keys.of(["x"])) == "Keys(['x'])"
+    with pytest.raises(TypeError):
+        hash(keys)
