@@ -67,6 +67,7 @@ class DatasetReader:
         self._chunk_bytes = 0
         self._inflight: dict[tuple, _Flight] = {}
         self._pieces: dict[tuple, bytes] = {}  # (shard, row) -> stored bytes, read once
+        self.labels: dict[tuple, np.ndarray] = {}  # (shard, field) -> parsed labels (batches.py)
         self._lock = threading.RLock()
 
     def __getstate__(self):
@@ -74,7 +75,7 @@ class DatasetReader:
         # own, lazily
         state = dict(self.__dict__)
         for key in ("_indexes", "_buffers", "_chunks", "_chunk_bytes", "_inflight", "_pieces",
-                    "_lock"):
+                    "labels", "_lock"):
             state.pop(key, None)
         return state
 
