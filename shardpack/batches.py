@@ -26,16 +26,19 @@ class Keys:
     iteration, ``in``, ``==`` with a list, ``+`` with a list gives a list; ``list(keys)`` or
     ``keys.tolist()`` for a list).
 
-    Held as one UTF-8 blob plus offsets and decoded on first use.  Not a ``list`` on purpose: the
-    DataLoader's ``default_convert`` visits every item of a list in the worker (335 us for 256
-    keys here, a third of a tiny-sample batch's cost) and passes other objects through."""
+    Not a ``list`` on purpose: the DataLoader's ``default_convert`` visits every item of a list in
+    the worker (335 us for 256 keys here, a third of a tiny-sample batch's cost) and passes other
+    objects through.  Held as one UTF-8 blob plus offsets, decoded on first use; or, for batches
+    a DataLoader worker sends to the process that made the dataset, as the samples' ids, looked
+    up in that process's dataset index on first use (the worker then never touches the keys)."""
 
-    __slots__ = ("_blob", "_offsets", "_strs")
+    __slots__ = ("_blob", "_offsets", "_strs", "_reader", "_ids")
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, blob: bytes, offsets: bytes):
         """``offsets``: native int64 bytes, n + 1 of them, into ``blob``."""
         self._blob, self._offsets, self._strs = blob, offsets, None
+        self._reader = self._ids = None
 
     @classmethod
     def of(cls, keys: Sequence[str]) -> "Keys":
@@ -44,15 +47,29 @@ class Keys:
         np.cumsum([len(p) for p in parts], out=offsets[1:])
         return cls(b"".join(parts), offsets.tobytes())
 
+    @classmethod
+    def of_samples(cls, reader, ids: np.ndarray) -> "Keys":
+        """The keys of global sample ids ``ids`` of ``reader``'s dataset, looked up when first
+        used."""
+        keys = cls(None, None)  # type: ignore[arg-type]
+        keys._reader, keys._ids = reader, np.asarray(ids, dtype=np.int64)
+        return keys
+
+    def _resolve(self) -> None:
+        if self._blob is None:
+            self._blob, self._offsets = key_bytes(self._reader, self._ids)
+            self._reader = None
+
     def tolist(self) -> list[str]:
         if self._strs is None:
+            self._resolve()
             blob, off = self._blob, np.frombuffer(self._offsets, dtype=np.int64).tolist()
             self._strs = [blob[a:b].decode("utf-8", "surrogateescape")
                           for a, b in zip(off, off[1:])]
         return self._strs
 
     def __len__(self) -> int:
-        return len(self._offsets) // 8 - 1
+        return len(self._ids) if self._ids is not None else len(self._offsets) // 8 - 1
 
     def __getitem__(self, i):
         return self.tolist()[i]
@@ -65,6 +82,8 @@ class Keys:
 
     def __eq__(self, other) -> bool:
         if isinstance(other, Keys):
+            self._resolve()
+            other._resolve()
             return self._blob == other._blob and self._offsets == other._offsets
         if isinstance(other, (list, tuple)):
             return self.tolist() == list(other)
@@ -80,7 +99,55 @@ class Keys:
         return f"Keys({self.tolist()!r})"
 
     def __reduce__(self):
+        token = getattr(self._reader, "keys_token", None) if self._blob is None else None
+        if token is not None:  # a worker's batch on its way to the dataset's own process
+            from .buffers import sending_from_worker
+
+            if sending_from_worker(token):
+                return _keys_of_ids, (token, self._ids.tobytes())
+        self._resolve()
         return Keys, (self._blob, self._offsets)
+
+
+def _keys_of_ids(token: str, ids: bytes) -> Keys:
+    from .buffers import pool_for
+
+    return Keys.of_samples(pool_for(token).reader, np.frombuffer(ids, dtype=np.int64))
+
+
+def key_bytes(reader, ids: np.ndarray) -> tuple[bytes, bytes]:
+    """(UTF-8 keys concatenated, int64 offsets as bytes) of global sample ids ``ids``."""
+    shards = np.searchsorted(reader.offsets, ids, side="right") - 1
+    rows = ids - reader.offsets[shards]
+    n = len(ids)
+    starts, ends = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    used = sorted(set(shards.tolist()))
+    blobs, group = [], np.zeros(n, dtype=np.int64)
+    for shard in used:
+        index = reader.index(shard)
+        sel = np.flatnonzero(shards == shard) if len(used) > 1 else slice(None)
+        r = rows[sel]
+        starts[sel], ends[sel] = index.key_bounds[0][r], index.key_bounds[1][r]
+        group[sel] = len(blobs)
+        blobs.append(index.key_blob)
+    sizes = ends - starts
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    where = group.tolist()
+    if len(blobs) > 2:  # a slice each
+        views = [memoryview(b) for b in blobs]
+        return b"".join(_slices([views[g] for g in where], starts, sizes)), offsets.tobytes()
+    # keys are ~20 bytes: numpy beats a slice each from one or two shards (40 us vs 70 us here);
+    # output byte j of key i comes from blob byte starts[i] + (j - offsets[i])
+    src = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
+    if len(blobs) == 1:
+        return np.frombuffer(blobs[0], dtype=np.uint8)[src].tobytes(), offsets.tobytes()
+    out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    owner = np.repeat(np.array(where, dtype=np.int64), sizes)
+    for g, blob in enumerate(blobs):
+        mine = owner == g
+        out[mine] = np.frombuffer(blob, dtype=np.uint8)[src[mine]]
+    return out.tobytes(), offsets.tobytes()
 
 
 class Batch(dict):
@@ -268,7 +335,6 @@ def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
     names = list(fields) if fields else list(reader.fields)
     starts = {f: np.zeros(n, dtype=np.int64) for f in names}
     sizes = {f: np.zeros(n, dtype=np.int64) for f in names}
-    key_starts, key_ends = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     group = np.zeros(n, dtype=np.int64)
     used = sorted(set(shards.tolist()))  # (np.unique imports numpy.ma: 0.15 s a worker)
     groups = []  # (shard, index, buffer, positions in the batch, rows)
@@ -288,15 +354,10 @@ def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
             if f in spans:
                 starts[f][sel] = spans[f][0][r]
                 sizes[f][sel] = spans[f][1][r]
-        key_starts[sel], key_ends[sel] = index.key_bounds[0][r], index.key_bounds[1][r]
         group[sel] = len(groups)
         groups.append((shard, index, memoryview(buf), sel, r))
     where = group.tolist()
-    key_sizes = key_ends - key_starts
-    key_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(key_sizes, out=key_offsets[1:])
-    out = Batch({"__key__": Keys(_key_bytes(groups, where, key_starts, key_sizes, key_offsets),
-                                 key_offsets.tobytes()),
+    out = Batch({"__key__": Keys.of_samples(reader, ids),
                  "__index__": torch.from_numpy(np.array(ids, dtype=np.int64)),
                  "__repeat__": torch.from_numpy(np.array(repeats, dtype=bool))})
     if shared:
@@ -327,24 +388,6 @@ def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
 
 def _slices(srcs: list, starts: np.ndarray, sizes: np.ndarray) -> list:
     return [src[a:a + k] for src, a, k in zip(srcs, starts.tolist(), sizes.tolist())]
-
-
-def _key_bytes(groups, where, starts, sizes, offsets) -> bytes:
-    """The batch's keys, concatenated.  From one or two shards with numpy (keys are ~20 bytes:
-    40 us for 256 here, against 70 us for a slice each); from more, a slice each."""
-    if len(groups) > 2:
-        blobs = [memoryview(g[1].key_blob) for g in groups]
-        return b"".join(_slices([blobs[g] for g in where], starts, sizes))
-    # output byte j of key i comes from blob byte starts[i] + (j - offsets[i])
-    src = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
-    if len(groups) == 1:
-        return np.frombuffer(groups[0][1].key_blob, dtype=np.uint8)[src].tobytes()
-    out = np.empty(int(offsets[-1]), dtype=np.uint8)
-    owner = np.repeat(np.array(where, dtype=np.int64), sizes)
-    for g, (_, index, _, _, _) in enumerate(groups):
-        mine = owner == g
-        out[mine] = np.frombuffer(index.key_blob, dtype=np.uint8)[src[mine]]
-    return out.tobytes()
 
 
 _UNPARSED = np.iinfo(np.int64).min

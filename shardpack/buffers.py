@@ -138,14 +138,25 @@ def _release_unsent(sent: list, pool: SlotPool, slot: int) -> None:
         pool.release(slot)
 
 
-def receive(token: str, slot: int, nbytes: int) -> np.ndarray:
-    """The slot's bytes as an array of this process's mapping; the slot is freed when the array
-    and everything built on it die."""
+def pool_for(token: str) -> SlotPool:
     pool = _pools.get(token)
     if pool is None:
         raise ShardpackError(
             f"a batch refers to shared buffer pool {token}, which this process does not have",
             hint="unpickle DataLoader batches in the process that created the ShardDataset")
+    return pool
+
+
+def sending_from_worker(token: str) -> bool:
+    """True in a process that shares pool ``token`` but did not create it (a forked worker)."""
+    pool = _pools.get(token)
+    return pool is not None and pool.owner != os.getpid()
+
+
+def receive(token: str, slot: int, nbytes: int) -> np.ndarray:
+    """The slot's bytes as an array of this process's mapping; the slot is freed when the array
+    and everything built on it die."""
+    pool = pool_for(token)
     array = pool.view(slot, nbytes)
     weakref.finalize(array, pool.release, slot)
     return array

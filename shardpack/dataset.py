@@ -83,6 +83,9 @@ class ShardDataset(IterableDataset):
         # batch buffers the workers reuse (shardpack.buffers): made here, before the DataLoader
         # forks them; anonymous, so it lives exactly as long as the processes holding it
         self._pool = SlotPool.create() if batched else None
+        if self._pool is not None:  # keys travel from workers as sample ids, looked up here
+            self._pool.reader = self.reader
+            self.reader.keys_token = self._pool.token
         self._local_epoch = 0   # epochs started in this process, used until set_epoch is called
         self._resume: dict | None = None
         self._running: dict | None = None  # what the current iteration in this process is doing

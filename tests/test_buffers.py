@@ -160,3 +160,18 @@ def test_keys_behave_like_a_read_only_list():
     assert repr(Keys.of(["x"])) == "Keys(['x'])"
     with pytest.raises(TypeError):
         hash(keys)
+
+
+def test_keys_cross_from_a_worker_as_sample_ids(packed):
+    path, expected, B = packed
+    ds = ShardDataset(path, batch_size=B, batched=True, shuffle=False)
+    ids = np.arange(B, dtype=np.int64)[::-1].copy()
+    keys = Keys.of_samples(ds.reader, ids)
+    assert pickle.loads(pickle.dumps(keys)) == keys  # in the owning process: resolved, by value
+    ds._pool.owner = -1  # as if in a forked worker
+    fresh = Keys.of_samples(ds.reader, ids)
+    blob = pickle.dumps(fresh)
+    assert b"_keys_of_ids" in blob and fresh._blob is None  # ids only, nothing looked up
+    back = pickle.loads(blob)
+    names = sorted(expected)
+    assert back.tolist() == [names[i] for i in ids.tolist()] and len(back) == B
