@@ -279,11 +279,12 @@ class ShardDataset(IterableDataset):
     def _batches(self, share: partition.Share, skip: int, running: dict,
                  fetcher=None) -> Iterator[dict]:
         """Whole batches, gathered straight into (shared-memory) tensors: the fast path."""
-        from .batches import collate, gather_batch
+        from .batches import Gatherer, collate
         from .torchenv import get_worker_info
 
         shared = get_worker_info() is not None
         size = self.batch_size
+        gatherer = Gatherer(self.reader, share.ids, size, self.fields, shared, self._pool)
         for start in range(skip, len(share), size):
             part = share[start:start + size]
             if fetcher is not None:
@@ -291,8 +292,7 @@ class ShardDataset(IterableDataset):
             batch = None
             try:
                 if not self.reader.has_pieces:  # else: the fast start's pieces, sample by sample
-                    batch = gather_batch(self.reader, part.ids, part.repeat, self.fields, shared,
-                                         self._pool)
+                    batch = gatherer.batch(start, start + len(part), part.repeat)
             except ShardpackError:
                 if self.on_error == "raise":
                     raise

@@ -37,8 +37,9 @@ def packed(request, tmp_path_factory):
 def _check(batch, expected):
     keys = batch["__key__"]
     assert isinstance(keys, Keys) and len(keys) == len(batch["bin"])
-    for key, value in zip(keys, batch["bin"].items()):
+    for key, value, label in zip(keys, batch["bin"].items(), batch["cls"].tolist()):
         assert expected[key] == value, key
+        assert label == int(key[1]), key  # ImageFolder class of c0/ or c1/: labels parsed, memo
 
 
 def test_workers_reuse_slots_and_the_trainer_frees_them(packed):
