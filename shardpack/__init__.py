@@ -20,7 +20,8 @@ from .pack import PackSummary, pack  # noqa: E402
 from .reader import DatasetReader, open_reader  # noqa: E402
 
 _TORCH_API = {"CpuDecode": "decode", "DeviceLoader": "device", "Batch": "batches", "ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
-              "BytesBatch": "batches", "collate": "batches", "pack_bytes": "batches"}
+              "BytesBatch": "batches", "Keys": "batches", "collate": "batches",
+              "pack_bytes": "batches"}
 
 
 def __getattr__(name):
@@ -42,6 +43,7 @@ __all__ = [
     "ExportSummary",
     "FormatError",
     "IntegrityError",
+    "Keys",
     "MapDataset",
     "PackError",
     "PackSummary",

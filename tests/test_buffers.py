@@ -36,7 +36,7 @@ def packed(request, tmp_path_factory):
 
 def _check(batch, expected):
     keys = batch["__key__"]
-    assert isinstance(keys, Keys) and len(keys) == len(batch["bin"])
+    assert isinstance(keys, shardpack.Keys) and len(keys) == len(batch["bin"])
     for key, value, label in zip(keys, batch["bin"].items(), batch["cls"].tolist()):
         assert expected[key] == value, key
         assert label == int(key[1]), key  # ImageFolder class of c0/ or c1/: labels parsed, memo
