@@ -201,9 +201,10 @@ def _pack(value, leases):
     if isinstance(value, BytesBatch):
         return ("bytes", _pack(value.data, leases), _pack(value.offsets, leases))
     lease = _leased(value, leases)
-    if lease is not None:
+    handle = lease.handle() if lease is not None else None
+    if handle is not None:
         array = value.numpy()
-        return ("slot", lease.handle(), array.dtype.char, array.shape)
+        return ("slot", handle, array.dtype.char, array.shape)
     if isinstance(value, torch.Tensor) and value.device.type == "cpu" and \
             value.numel() * value.element_size() < INLINE_LIMIT:
         array = value.contiguous().numpy()
@@ -350,9 +351,20 @@ class Gatherer:
         self._plan: dict | None = None
 
     def _make_plan(self, lo: int) -> dict:
-        reader = self.reader
         count = self.STRETCH[min(self._plans, len(self.STRETCH) - 1)] * self.batch_size
         self._plans += 1
+        if count > self.batch_size:
+            try:
+                plan = self._plan_for(lo, count)
+            except Exception:  # a bad index further on: report it when its batch comes
+                plan = None
+            if plan is not None and plan["fast"]:
+                return plan
+            self._plans = 0  # plan the next batches one by one, past the trouble
+        return self._plan_for(lo, self.batch_size)
+
+    def _plan_for(self, lo: int, count: int) -> dict:
+        reader = self.reader
         ids = self.ids[lo:lo + count]
         n = len(ids)
         shards = np.searchsorted(reader.offsets, ids, side="right") - 1
@@ -364,11 +376,7 @@ class Gatherer:
         fast, msgpack = True, False
         used = sorted(set(shards.tolist()))  # (np.unique imports numpy.ma: 0.15 s a worker)
         for shard in used:
-            try:
-                index = reader.index(shard)
-            except BaseException:
-                self._plans = 0  # plan the next batches one by one, past the bad index
-                raise
+            index = reader.index(shard)
             if index.compression != "none":
                 fast = False
                 break

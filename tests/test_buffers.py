@@ -1,7 +1,12 @@
 """Batch buffers reused between DataLoader workers and the trainer (shardpack.buffers), and Keys."""
 
+import copy
 import gc
+import os
 import pickle
+import threading
+import time
+import weakref
 
 import numpy as np
 import pytest
@@ -32,6 +37,16 @@ def packed(request, tmp_path_factory):
     shardpack.pack(src, root / "out", format="tar", max_samples=count // 3, workers=1)
     assert size * batch >= SLOT_MIN
     return root / "out", {k[:-4]: v for k, v in files.items()}, batch
+
+
+def _as_sender(fn):
+    """Run fn on a thread named like multiprocessing.Queue's feeder: the DataLoader's hand-off,
+    the only place a worker's batch travels as slot numbers."""
+    out = []
+    thread = threading.Thread(target=lambda: out.append(fn()), name="QueueFeederThread")
+    thread.start()
+    thread.join()
+    return out[0]
 
 
 def _check(batch, expected):
@@ -122,7 +137,7 @@ def test_lease_is_refused_in_the_owner_and_unknown_pools_are_named():
     gc.collect()
     assert pool.free_slots() == 2   # never sent: freed with its last view
     with pytest.raises(ShardpackError, match="pool nope"):
-        receive("nope", 0, 10)
+        receive("nope", 0, 10, 1)
 
 
 def test_sent_batch_rebuilds_as_a_view_and_frees_on_death():
@@ -133,11 +148,13 @@ def test_sent_batch_rebuilds_as_a_view_and_frees_on_death():
     data = batch.buffer(SLOT_MIN)
     data.numpy()[:] = 7
     batch["bin"] = BytesBatch(data, torch.tensor([0, SLOT_MIN]))
-    blob = pickle.dumps(batch)
+    assert len(pickle.dumps(batch)) > SLOT_MIN  # pickled by user code: by value, not sent
+    blob = _as_sender(lambda: pickle.dumps(batch))
     assert len(blob) < 1000  # the bytes stayed in the slot
     del batch, data
     gc.collect()
     assert pool.free_slots() == 1  # sent: only the receiver frees it
+    pool.owner = os.getpid()  # now the receiving (owning) process
     back = pickle.loads(blob)
     view = back["bin"].data[10:20]
     assert int(back["bin"].data.sum()) == 7 * SLOT_MIN
@@ -171,8 +188,58 @@ def test_keys_cross_from_a_worker_as_sample_ids(packed):
     assert pickle.loads(pickle.dumps(keys)) == keys  # in the owning process: resolved, by value
     ds._pool.owner = -1  # as if in a forked worker
     fresh = Keys.of_samples(ds.reader, ids)
-    blob = pickle.dumps(fresh)
+    blob = _as_sender(lambda: pickle.dumps(fresh))
     assert b"_keys_of_ids" in blob and fresh._blob is None  # ids only, nothing looked up
+    ds._pool.owner = os.getpid()
     back = pickle.loads(blob)
     names = sorted(expected)
     assert back.tolist() == [names[i] for i in ids.tolist()] and len(back) == B
+
+
+def test_copies_made_in_a_worker_never_free_the_slot(packed):
+    """A transform that deep-copies the batch (or pickles it) in the worker: the copy goes by
+    value, so dropping it frees nothing the trainer will read."""
+    path, expected, B = packed
+
+    def copy_and_wait(batch):
+        dup = copy.deepcopy(batch)
+        assert torch.equal(dup["bin"].data, batch["bin"].data)
+        del dup
+        gc.collect()
+        time.sleep(0.02)  # let the other worker claim whatever was freed
+        return batch
+
+    ds = ShardDataset(path, batch_size=B, batched=True, transform=copy_and_wait)
+    for batch in DataLoader(ds, batch_size=None, num_workers=2):
+        _check(batch, expected)
+
+
+def test_forked_children_free_nothing_and_dead_workers_slots_come_back():
+    pool = SlotPool(slots=3, slot_bytes=1 << 16)
+    pool.owner = -1  # this process plays a worker
+    lease = pool.lease(100)
+    handle = _as_sender(lease.handle)
+    pool.owner = os.getpid()
+    held = receive(*handle)  # the owner holds slot 0
+    held[:] = 5
+    ctx = __import__("multiprocessing").get_context("fork")
+
+    def child():
+        gc.collect()
+        weakref.finalize._exitfunc()  # what interpreter exit would run: nothing of ours
+        pool.owner = -1
+        kept = pool.lease(100)  # a worker takes slot 1 and dies before sending it
+        os._exit(0 if kept is not None and kept.slot == 1 else 3)
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    proc.join()
+    assert proc.exitcode == 0 and int(held.sum()) == 5 * 100
+    assert pool._state[0] == 2 and pool._state[1] == 1  # held; taken by a dead worker
+    pool.owner = -1
+    again = [pool.lease(100) for _ in range(2)]
+    assert sorted(x.slot for x in again) == [1, 2]  # the dead worker's slot was taken back
+    pool.owner = os.getpid()
+    stale = (handle[0], 1, 100, int(pool._gen[1]) - 1)
+    with pytest.raises(ShardpackError, match="taken back"):
+        receive(*stale)  # an old handle for a reused slot is refused, never read
