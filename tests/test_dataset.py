@@ -301,3 +301,37 @@ def test_vectorised_label_parsing():
     assert _parse_decimal(src, starts, sizes).tolist() == [3, 12, 0, 907]
     assert _parse_decimal(np.frombuffer(b"-1", dtype=np.uint8), np.array([0]),
                           np.array([2])) is None  # not plain digits: the caller falls back
+
+
+def test_a_bad_label_fails_its_own_batch_only(tmp_path):
+    """Labels are parsed for a planned stretch of batches at once; a label further on that is not
+    an integer must not fail the batches before its own."""
+    files = {}
+    for i in range(N):
+        files[f"{i:03d}.bin"] = bytes([i]) * 5
+        files[f"{i:03d}.cls"] = b"x1" if i == 90 else str(i % 7).encode()
+    shardpack.pack(make_tree(tmp_path / "src", files), tmp_path / "out", format="tar",
+                   workers=1)
+    ds = ShardDataset(tmp_path / "out", shuffle=False, batch_size=8, batched=True)
+    got = []
+    with pytest.raises(ValueError, match="'cls'.*not an integer"):
+        for batch in DataLoader(ds, batch_size=None):
+            got.append(batch)
+    assert len(got) == 90 // 8  # every batch before the one holding sample 90
+    labels = torch.cat([b["cls"] for b in got]).tolist()
+    assert labels == [i % 7 for i in range(len(got) * 8)]
+
+
+def test_workers_put_inherited_objects_out_of_the_collectors_reach(packed):
+    import gc
+
+    def freeze_count(batch):
+        batch["frozen"] = torch.tensor([gc.get_freeze_count()])
+        return batch
+
+    before = gc.get_freeze_count()
+    ds = ShardDataset(packed, batch_size=8, batched=True, transform=freeze_count)
+    in_workers = [b["frozen"].item() for b in DataLoader(ds, batch_size=None, num_workers=2)]
+    assert min(in_workers) > 1000  # the objects inherited from this process
+    in_process = [b["frozen"].item() for b in DataLoader(ds, batch_size=None)]
+    assert set(in_process) == {before} and gc.get_freeze_count() == before  # trainer untouched
