@@ -427,15 +427,23 @@ class Gatherer:
         return out
 
     def _check(self, used, shards, rows, bufs) -> None:
+        """CRC-check this batch's msgpack records, each once per process (``reader.checked``)."""
         from . import format as fmt
         from .errors import IntegrityError
 
         for shard in used:
             index = self.reader.index(shard)
-            if index.shard_format == "msgpack":
-                r = rows[shards == shard] if len(used) > 1 else rows
+            if index.shard_format != "msgpack":
+                continue
+            r = rows[shards == shard] if len(used) > 1 else rows
+            seen = self.reader.checked.get(shard)
+            if seen is None:
+                seen = self.reader.checked[shard] = np.zeros(index.num_samples, dtype=bool)
+            r = r[~seen[r]]
+            if len(r):
                 _check_records(index, r, bufs[shard], self.reader.shard_path(shard),
                                IntegrityError, fmt)
+                seen[r] = True
 
     def _labels(self, f, plan, a, b, bufs) -> np.ndarray:
         """ASCII decimal labels -> int64 for the batch at plan positions ``a:b``.  A shard's
@@ -479,11 +487,26 @@ _JOIN_LIMIT = 1 << 20  # fields up to this size: join, then one copy (faster to 
 
 
 def _check_records(index, rows, buf, path, IntegrityError, fmt) -> None:
-    head = fmt.RECORD_HEADER
-    for row in rows.tolist():
-        start, end = int(index.starts[row]), int(index.starts[row + 1])
-        stored, raw, crc, flags = head.unpack_from(buf, start)
-        if stored != end - start - head.size or flags or \
-                fmt.crc32c(buf[start + head.size:end]) != crc:
-            raise IntegrityError("record CRC32C or header mismatch", path=path, offset=start,
-                                 key=index.key(row))
+    """Record headers (stored size, no flags) and CRC32C of msgpack records ``rows`` of ``buf``;
+    the headers read in one numpy gather."""
+    size = fmt.RECORD_HEADER.size
+    src = np.frombuffer(buf, dtype=np.uint8)
+    starts = index.starts[rows].astype(np.int64)
+    ends = index.starts[rows + 1].astype(np.int64)
+    bad = (ends - starts < size) | (starts + size > len(src))
+    heads = np.zeros(len(rows), dtype=fmt.RECORD_HEADER_DTYPE)
+    ok = np.flatnonzero(~bad)
+    if len(ok):
+        windows = np.lib.stride_tricks.as_strided(src, shape=(len(src) - size + 1, size),
+                                                  strides=(1, 1))
+        heads[ok] = windows[starts[ok]].view(fmt.RECORD_HEADER_DTYPE).ravel()
+    bad |= (heads["stored"].astype(np.int64) != ends - starts - size) | (heads["flags"] != 0)
+    crc = fmt.crc32c_function()
+    crcs = np.fromiter((crc(buf[a:b]) if a <= b else 0 for a, b in
+                        zip((starts + size).tolist(), ends.tolist())), dtype=np.uint32,
+                       count=len(rows))
+    bad |= crcs != heads["crc"]
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise IntegrityError("record CRC32C or header mismatch", path=path,
+                             offset=int(starts[i]), key=index.key(int(rows[i])))

@@ -96,10 +96,12 @@ class SlotPool:
         if not 0 < nbytes <= self.slot_bytes or me == self.owner or not self._locked():
             return None
         try:
-            for slot in np.flatnonzero(self._state == _TAKEN).tolist():
-                if self._pid[slot] != me and not _alive(int(self._pid[slot])):
-                    self._state[slot] = _FREE  # its worker died; its batch can never arrive
             free = np.flatnonzero(self._state == _FREE)
+            if not len(free) or free[0] >= KEEP:  # only then look for slots of dead workers
+                for slot in np.flatnonzero(self._state == _TAKEN).tolist():
+                    if self._pid[slot] != me and not _alive(int(self._pid[slot])):
+                        self._state[slot] = _FREE  # its worker died; its batch never comes
+                free = np.flatnonzero(self._state == _FREE)
             if not len(free):
                 return None
             slot = int(free[0])

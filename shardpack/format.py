@@ -68,6 +68,11 @@ def crc32c(data) -> int:
     return _crc32c.crc32c(data)
 
 
+def crc32c_function():
+    """The CRC32C function itself, for loops over many records (no wrapper call each)."""
+    return _crc32c.crc32c
+
+
 # ---------------------------------------------------------------------------------------------
 # Keys and field names
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +260,8 @@ def _parse_pax(data: bytes, pos: int, name, size):
 MSGPACK_MAGIC = b"SPKMSGPK"
 MSGPACK_HEADER = struct.Struct("<8sII")      # magic, version, reserved
 RECORD_HEADER = struct.Struct("<QQII")       # stored_len, raw_len, crc32c(stored), flags
+RECORD_HEADER_DTYPE = np.dtype([("stored", "<u8"), ("raw", "<u8"), ("crc", "<u4"),
+                                ("flags", "<u4")])  # the same, for many records at once
 FLAG_ZSTD = 1
 
 

@@ -68,6 +68,7 @@ class DatasetReader:
         self._inflight: dict[tuple, _Flight] = {}
         self._pieces: dict[tuple, bytes] = {}  # (shard, row) -> stored bytes, read once
         self.labels: dict[tuple, np.ndarray] = {}  # (shard, field) -> parsed labels (batches.py)
+        self.checked: dict[int, np.ndarray] = {}  # shard -> msgpack records CRC-checked here
         self._lock = threading.RLock()
 
     def __getstate__(self):

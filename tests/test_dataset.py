@@ -335,3 +335,24 @@ def test_workers_put_inherited_objects_out_of_the_collectors_reach(packed):
     assert min(in_workers) > 1000  # the objects inherited from this process
     in_process = [b["frozen"].item() for b in DataLoader(ds, batch_size=None)]
     assert set(in_process) == {before} and gc.get_freeze_count() == before  # trainer untouched
+
+
+@pytest.mark.parametrize("where", ["payload", "flags"])
+def test_batched_reads_check_each_record(tmp_path, where):
+    src = make_tree(tmp_path / "src", {f"{i}.bin": bytes([i]) * 50 for i in range(10)})
+    out = tmp_path / "out"
+    shardpack.pack(src, out, format="msgpack", workers=1)
+    reader = shardpack.reader.DatasetReader(out)
+    index = reader.index(0)
+    row = index.keys().index("7")
+    start = int(index.starts[row])
+    shard = out / "shard-00000.spk"
+    data = bytearray(shard.read_bytes())
+    data[start + (30 if where == "payload" else 20)] ^= 0x01  # payload byte, or the flags
+    shard.write_bytes(bytes(data))
+    ds = ShardDataset(out, shuffle=False, batch_size=4, batched=True)
+    got = []
+    with pytest.raises(IntegrityError, match=rf"sample '7', offset {start}: .*CRC32C or header"):
+        for batch in DataLoader(ds, batch_size=None):
+            got.append(batch["__key__"].tolist())
+    assert got == [["0", "1", "2", "3"]]
