@@ -232,7 +232,9 @@ class ShardDataset(IterableDataset):
         self._running = running
         self.stats["dropped"] = share.dropped
         for stage in (self.decode, self.transform):
-            if hasattr(stage, "epoch"):  # stateful stages (random crops) follow the epoch
+            if hasattr(stage, "begin"):  # stateful stages (random crops) follow the epoch
+                stage.begin(epoch)
+            elif hasattr(stage, "epoch"):
                 stage.epoch = epoch
         fetcher = None
         try:

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import io
 import math
+import multiprocessing
+import os
 import struct
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,18 +151,78 @@ def reference_decode(data: bytes, opts: CropOptions, rnd: _Random | None = None)
     return out[:, ::-1] if _flip(rnd, opts) else out
 
 
+HEAD_START_WAIT = 1.0  # seconds a worker waits at most for worker 0's first batch
+
+
+def _shared_token():
+    try:
+        return multiprocessing.get_context("fork").RawValue("q", -1)
+    except ValueError:  # no fork on this platform: workers are spawned and get their own copy
+        return multiprocessing.RawValue("q", -1)
+
+
 class CpuDecode:
     """A batch stage for ``ShardDataset(..., batched=True, decode=CpuDecode(...))``: replaces the
     image field's bytes with ``image`` (uint8 NHWC).  Undecodable images raise
     :class:`~shardpack.errors.DecodeError` naming the sample, or with ``on_error="skip"`` become
-    zero images counted in ``batch["__bad__"]``."""
+    zero images counted in ``batch["__bad__"]``.
+
+    ``head_start`` (default on): when DataLoader workers start (their first iteration: the first
+    epoch with persistent workers, every epoch without), worker 0 decodes its first batch with
+    one thread per CPU while the other workers wait for it (at most HEAD_START_WAIT seconds), so
+    the first batch arrives in about the time of one batch on all cores instead of after every
+    worker's first batch at once (docs/device.md, "First batch")."""
 
     def __init__(self, size: int = 224, *, train: bool = True, field: str = "jpg",
-                 seed: int = 0, flip: bool = True, on_error: str = "raise"):
+                 seed: int = 0, flip: bool = True, on_error: str = "raise",
+                 head_start: bool = True):
         self.opts = CropOptions(size=size, train=train, flip=flip, seed=seed)
         self.field = field
         self.on_error = on_error
         self.epoch = 0  # set by ShardDataset at the start of every epoch
+        self.head_start = head_start
+        # the token of the iteration whose first batch worker 0 has finished; an anonymous
+        # shared page made before the DataLoader forks, gone with the last process holding it
+        self._done = _shared_token() if head_start else None
+        self._iterations = 0   # iterations started in this process
+        self._first = False    # the next batch is this iteration's first
+        self._pool = None      # worker 0's decode threads, made in the worker when first needed
+
+    def begin(self, epoch: int) -> None:
+        """Called by ShardDataset when an iteration starts (in the process that iterates)."""
+        self.epoch = epoch
+        self._iterations += 1
+        self._first = self._iterations == 1  # a process's first iteration: the start-up
+
+    def __getstate__(self):
+        from multiprocessing.context import get_spawning_popen
+
+        state = dict(self.__dict__, _pool=None)
+        if self._done is not None and get_spawning_popen() is None:
+            state["_done"] = None  # a plain copy (not a worker being made): no head start
+        return state
+
+    def _token(self) -> int:
+        return (self.epoch << 32) + self._iterations
+
+    def _threads(self, batch: dict) -> int:
+        """Threads for worker 0's head-start batch (all its CPUs), else 0: decode in this thread.
+        Another worker's first batch first waits for worker 0's."""
+        if not self._first:
+            return 0
+        self._first = False
+        from .torchenv import get_worker_info
+
+        info = get_worker_info()
+        if self._done is None or info is None or info.num_workers < 2:
+            return 0
+        if info.id != 0:
+            deadline = time.monotonic() + HEAD_START_WAIT
+            while self._done.value != self._token() and time.monotonic() < deadline:
+                time.sleep(0.002)
+            return 0
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else os.cpu_count() or 1)
 
     def __call__(self, batch: dict) -> dict:
         from .batches import Batch
@@ -174,15 +237,31 @@ class CpuDecode:
         bad = np.zeros(count, dtype=bool)
         ids = batch["__index__"].tolist()
         raw, offsets = items.data.numpy(), items.offsets.tolist()
-        for i in range(count):
-            rnd = _Random(self.opts.seed, self.epoch, ids[i]) if self.opts.train else None
-            try:
-                images[i] = decode_image(raw[offsets[i]:offsets[i + 1]], self.opts, rnd)
-            except DecodeError as exc:
-                if self.on_error != "skip":
-                    raise DecodeError(exc.message, key=batch["__key__"][i]) from None
-                images[i] = 0
-                bad[i] = True
+
+        def run(part: range) -> None:
+            for i in part:
+                rnd = _Random(self.opts.seed, self.epoch, ids[i]) if self.opts.train else None
+                try:
+                    images[i] = decode_image(raw[offsets[i]:offsets[i + 1]], self.opts, rnd)
+                except DecodeError as exc:
+                    if self.on_error != "skip":
+                        raise DecodeError(exc.message, key=batch["__key__"][i]) from None
+                    images[i] = 0
+                    bad[i] = True
+
+        threads = self._threads(batch)  # 0: not worker 0's head start
+        if min(threads, count) > 1:  # simplejpeg and torch's resize release the GIL
+            from concurrent.futures import ThreadPoolExecutor
+
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shardpack-decode")
+            for future in [self._pool.submit(run, range(t, count, threads))
+                           for t in range(threads)]:
+                future.result()
+        else:
+            run(range(count))
+        if threads:
+            self._done.value = self._token()
         batch["image"] = data.view(count, size, size, 3)
         batch["__bad__"] = torch.from_numpy(bad)
         return batch

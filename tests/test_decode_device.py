@@ -196,3 +196,36 @@ def test_bench_command_end_to_end(image_ds, tmp_path):
     result = run_cli("bench", image_ds, "--decode", "gpu", "-q", ok=None)
     if not torch.cuda.is_available():
         assert result.exit_code == 2 and "needs a CUDA device" in result.output
+
+
+class _Spy(CpuDecode):
+    """Records, per batch, the threads of worker 0's head start (0: none) and whether worker 0's
+    first batch was already done when this batch's decode began."""
+
+    def _threads(self, batch):
+        threads = super()._threads(batch)
+        done = self._done is not None and self._done.value == self._token()
+        batch["spy"] = torch.tensor([threads, int(done)])
+        return threads
+
+
+def test_head_start_worker_0_decodes_the_first_batch_on_every_cpu(image_ds):
+    import os
+
+    def run(head_start):
+        ds = ShardDataset(image_ds, batch_size=8, batched=True, seed=1,
+                          decode=_Spy(64, on_error="skip", head_start=head_start))
+        out = list(DataLoader(ds, batch_size=None, num_workers=2))
+        return ds, out
+
+    ds, fast = run(True)
+    _, plain = run(False)
+    cpus = len(os.sched_getaffinity(0))
+    spy = [b["spy"].tolist() for b in fast]
+    assert spy[0] == [cpus, 0]  # worker 0's first batch: every CPU, nobody done yet
+    assert spy[1] == [0, 1]     # worker 1's first batch began only once worker 0's was done
+    assert all(s[0] == 0 for s in spy[2:])
+    assert ds.decode._done.value == 1  # the shared page the workers wrote (epoch 0, 1st pass)
+    assert [b["spy"].tolist()[0] for b in plain] == [0] * len(plain)
+    for a, b in zip(fast, plain):  # threads change nothing in the images
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["__bad__"], b["__bad__"])
