@@ -84,6 +84,55 @@ def read_field(f: SourceField) -> bytes:
     return data
 
 
+class Readahead:
+    """Asks the kernel to start reading the source files of the next samples while this one is
+    written (``posix_fadvise(WILLNEED)``: an open, a hint and a close per file, no data copied).
+    A cold tree of small files is otherwise read one file at a time, each read waiting for the
+    disk; with the hints the disk has up to AHEAD_FILES requests queued.  Bounded by files and
+    bytes ahead; a file it cannot open is left for the real read to report."""
+
+    AHEAD_FILES = 64
+    AHEAD_BYTES = 32 << 20
+
+    def __init__(self, samples):
+        self.paths: list[tuple[str, int]] = []
+        self.ends: list[int] = []  # per sample: its files are paths[:ends[i]] minus earlier ones
+        for s in samples:
+            self.paths += [(f.path, f.size) for f in s.fields
+                           if f.path is not None and f.offset is None]
+            self.ends.append(len(self.paths))
+        self.sample = 0  # samples started
+        self.next = 0    # first path not hinted yet
+        self.ahead = 0   # bytes hinted and not yet started
+        self.usable = hasattr(os, "posix_fadvise") and bool(self.paths)
+
+    def advance(self) -> None:
+        """The next sample is about to be read: hint the files that now fall in the window."""
+        if not self.usable or self.sample >= len(self.ends):
+            return
+        start = self.ends[self.sample - 1] if self.sample else 0
+        done = self.ends[self.sample]
+        self.sample += 1
+        for path_size in self.paths[start:min(done, self.next)]:
+            self.ahead -= path_size[1]
+        self.next = max(self.next, done)
+        limit = min(len(self.paths), done + self.AHEAD_FILES)
+        while self.next < limit and self.ahead < self.AHEAD_BYTES:
+            path, size = self.paths[self.next]
+            self.next += 1
+            self.ahead += size
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                self.usable = False  # not supported here: stop trying
+            finally:
+                os.close(fd)
+
+
 class _Sink:
     """Buffered, hashed writes to an open file, through one buffer allocated once: growing a
     fresh bytearray per flush made the kernel zero ~2 GB of new pages per 2 GB written."""
@@ -294,11 +343,13 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
     shard = fmt.shard_name(task.number, opts.shard_format)
     tar = opts.shard_format == "tar"
     prepare = _prepared if opts.resize else _read_only
+    ahead = Readahead(task.samples)
     with storage.open_atomic(shard) as f:
         sink = _Sink(f)
         if opts.shard_format == "msgpack":
             sink.write(fmt.msgpack_file_header())
         for sample in task.samples:
+            ahead.advance()
             try:
                 fields = [(sf.name, prepare(sf, opts, ranges, rows)) for sf in sample.fields]
             except SourceError as exc:
