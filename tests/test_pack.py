@@ -197,3 +197,39 @@ def test_tar_member_names_follow_webdataset_convention(tmp_path):
     shardpack.pack(src, out, workers=1, layout="files")
     with tarfile.open(out / "shard-00000.tar") as tf:
         assert tf.getnames() == ["d/0001.jpg", "d/0001.seg.png"]
+
+
+def test_readahead_hints_the_next_files_in_order_within_bounds(tmp_path, monkeypatch):
+    from shardpack import writer
+    from shardpack.samples import SourceField, SourceSample
+
+    paths = []
+    for i in range(10):
+        p = tmp_path / f"{i}.bin"
+        p.write_bytes(b"x" * 100)
+        paths.append(str(p))
+    gone = str(tmp_path / "gone.bin")  # vanished since the walk: skipped, the read reports it
+    field = lambda p: SourceField("bin", p, 100, 0)  # noqa: E731
+    samples = [SourceSample(str(i), (field(paths[i]), SourceField("cls", None, 1, 0, value=b"1")))
+               for i in range(10)]
+    samples.insert(3, SourceSample("g", (field(gone),)))
+    hinted = []
+    real = os.posix_fadvise
+
+    def spy(fd, offset, length, advice):
+        assert advice == os.POSIX_FADV_WILLNEED
+        hinted.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(writer.os, "posix_fadvise", spy)
+    monkeypatch.setattr(writer.Readahead, "AHEAD_FILES", 3)
+    monkeypatch.setattr(writer.Readahead, "AHEAD_BYTES", 250)  # 3 files of 100 bytes pass it
+    ahead = writer.Readahead(samples)
+    seen, window = [], []
+    for n, sample in enumerate(samples):
+        ahead.advance()
+        seen.append(list(hinted))
+        window.append(ahead.next - ahead.ends[n])
+    assert hinted == paths[1:]  # each file once, in order; never the one about to be read
+    assert seen[0] == paths[1:3]  # the byte bound (the vanished file's 100 count) stops it
+    assert max(window) <= 3  # never more than AHEAD_FILES past the sample being read
