@@ -449,26 +449,36 @@ class Gatherer:
         """ASCII decimal labels -> int64 for the batch at plan positions ``a:b``.  A shard's
         unparsed labels are parsed for the whole planned stretch at once, when the first batch
         that reads that shard comes (its buffer is open then); they stay in the plan and in
-        ``reader.labels`` (8 bytes a sample).  If the stretch holds a label that is not a plain
-        decimal, only this batch's are parsed, so the error waits for its own batch."""
+        ``reader.labels`` (8 bytes a sample).  Labels that are not plain digits (``7\\n``,
+        ``-1``) go through ``int()``, for the whole stretch too; if that fails, the shard is
+        marked in the plan and only each batch's own labels are parsed from then on, so the
+        error is raised by the batch that holds the bad sample."""
         labels, shards, rows = plan["labels"][f], plan["shards"], plan["rows"]
         starts, sizes = plan["starts"][f], plan["sizes"][f]
         todo = np.flatnonzero(labels[a:b] == _UNPARSED) + a
         if not len(todo):
             return labels[a:b].copy()
+        bad = plan.setdefault("bad_labels", set())
         for shard in sorted(set(shards[todo].tolist())):
             src = np.frombuffer(bufs[shard], dtype=np.uint8)
-            mine = np.flatnonzero((shards == shard) & (labels == _UNPARSED))
+            mine = todo[shards[todo] == shard]
+            if (shard, f) not in bad:
+                mine = np.flatnonzero((shards == shard) & (labels == _UNPARSED))
             parsed = _parse_decimal(src, starts[mine], sizes[mine])
             if parsed is None:
-                mine = todo[shards[todo] == shard]
                 try:
-                    parsed = np.array([int(src[p:p + k].tobytes()) for p, k in
-                                       zip(starts[mine].tolist(), sizes[mine].tolist())],
-                                      dtype=np.int64)
+                    parsed = _parse_ints(src, starts[mine], sizes[mine])
                 except ValueError:
-                    raise ValueError(f"field {f!r} holds a value that is not an integer, "
-                                     "or is missing from some samples") from None
+                    if (shard, f) in bad:
+                        raise ValueError(f"field {f!r} holds a value that is not an integer, "
+                                         "or is missing from some samples") from None
+                    bad.add((shard, f))  # somewhere in the stretch: this batch's rows only
+                    mine = todo[shards[todo] == shard]
+                    try:
+                        parsed = _parse_ints(src, starts[mine], sizes[mine])
+                    except ValueError:
+                        raise ValueError(f"field {f!r} holds a value that is not an integer, "
+                                         "or is missing from some samples") from None
             labels[mine] = parsed
             memo = self.reader.labels.get((shard, f))
             if memo is None:
@@ -476,6 +486,12 @@ class Gatherer:
                     self.reader.index(shard).num_samples, _UNPARSED, dtype=np.int64)
             memo[rows[mine]] = parsed
         return labels[a:b].copy()
+
+
+def _parse_ints(src: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Labels that ``int()`` accepts (signs, surrounding whitespace); ValueError otherwise."""
+    return np.array([int(src[p:p + k].tobytes()) for p, k in
+                     zip(starts.tolist(), sizes.tolist())], dtype=np.int64)
 
 
 def _slices(srcs: list, starts: np.ndarray, sizes: np.ndarray) -> list:

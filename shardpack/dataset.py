@@ -183,7 +183,10 @@ class ShardDataset(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration yields exactly what the saved epoch had left."""
-        if state.get("version") != STATE_VERSION:
+        # version 1 orders differ from version 2 only in how windows are shuffled
+        unshuffled = not state.get("shuffle") or state.get("shuffle_window", 2) <= 1
+        if state.get("version") != STATE_VERSION and not (state.get("version") == 1 and
+                                                          unshuffled):
             raise ValueError(f"unsupported state version: expected {STATE_VERSION}, found "
                              f"{state.get('version')!r}")
         for key in ("num_samples", "seed", "shuffle", "partial", "block_size", "shuffle_window"):

@@ -157,8 +157,8 @@ HEAD_START_WAIT = 1.0  # seconds a worker waits at most for worker 0's first bat
 def _shared_token():
     try:
         return multiprocessing.get_context("fork").RawValue("q", -1)
-    except ValueError:  # no fork on this platform: workers are spawned and get their own copy
-        return multiprocessing.RawValue("q", -1)
+    except ValueError:  # no fork on this platform: the default context's shared value, which
+        return multiprocessing.RawValue("q", -1)  # spawned workers receive with the dataset
 
 
 class CpuDecode:
@@ -167,11 +167,11 @@ class CpuDecode:
     :class:`~shardpack.errors.DecodeError` naming the sample, or with ``on_error="skip"`` become
     zero images counted in ``batch["__bad__"]``.
 
-    ``head_start`` (default on): when DataLoader workers start (their first iteration: the first
-    epoch with persistent workers, every epoch without), worker 0 decodes its first batch with
-    one thread per CPU while the other workers wait for it (at most HEAD_START_WAIT seconds), so
-    the first batch arrives in about the time of one batch on all cores instead of after every
-    worker's first batch at once (docs/device.md, "First batch")."""
+    ``head_start`` (default on): when DataLoader workers start (each worker process's first
+    iteration: the first epoch with persistent workers, every epoch without), worker 0 decodes its
+    first batch with one thread per CPU while the other workers wait for it (at most
+    HEAD_START_WAIT seconds), so the first batch arrives in about the time of one batch on all
+    cores instead of after every worker's first batch at once (docs/device.md, "First batch")."""
 
     def __init__(self, size: int = 224, *, train: bool = True, field: str = "jpg",
                  seed: int = 0, flip: bool = True, on_error: str = "raise",
@@ -184,13 +184,16 @@ class CpuDecode:
         # the token of the iteration whose first batch worker 0 has finished; an anonymous
         # shared page made before the DataLoader forks, gone with the last process holding it
         self._done = _shared_token() if head_start else None
-        self._iterations = 0   # iterations started in this process
+        self._iterations = 0   # iterations started in the process self._counted_in
+        self._counted_in = os.getpid()
         self._first = False    # the next batch is this iteration's first
         self._pool = None      # worker 0's decode threads, made in the worker when first needed
 
     def begin(self, epoch: int) -> None:
         """Called by ShardDataset when an iteration starts (in the process that iterates)."""
         self.epoch = epoch
+        if self._counted_in != os.getpid():  # a worker: count its own iterations, not the
+            self._counted_in, self._iterations = os.getpid(), 0  # trainer's it was forked with
         self._iterations += 1
         self._first = self._iterations == 1  # a process's first iteration: the start-up
 
@@ -214,7 +217,7 @@ class CpuDecode:
         from .torchenv import get_worker_info
 
         info = get_worker_info()
-        if self._done is None or info is None or info.num_workers < 2:
+        if self._done is None or info is None:
             return 0
         if info.id != 0:
             deadline = time.monotonic() + HEAD_START_WAIT
@@ -238,6 +241,8 @@ class CpuDecode:
         ids = batch["__index__"].tolist()
         raw, offsets = items.data.numpy(), items.offsets.tolist()
 
+        failed: list[tuple[int, str]] = []  # (sample, message): the first bad one is raised
+
         def run(part: range) -> None:
             for i in part:
                 rnd = _Random(self.opts.seed, self.epoch, ids[i]) if self.opts.train else None
@@ -245,7 +250,8 @@ class CpuDecode:
                     images[i] = decode_image(raw[offsets[i]:offsets[i + 1]], self.opts, rnd)
                 except DecodeError as exc:
                     if self.on_error != "skip":
-                        raise DecodeError(exc.message, key=batch["__key__"][i]) from None
+                        failed.append((i, exc.message))
+                        return  # this part's later samples can only be later in the batch
                     images[i] = 0
                     bad[i] = True
 
@@ -260,8 +266,11 @@ class CpuDecode:
                 future.result()
         else:
             run(range(count))
-        if threads:
+        if threads:  # worker 0's head start is over (failed or not): the others may go
             self._done.value = self._token()
+        if failed:  # the lowest bad sample, whatever the number of threads
+            i, message = min(failed)
+            raise DecodeError(message, key=batch["__key__"][i])
         batch["image"] = data.view(count, size, size, 3)
         batch["__bad__"] = torch.from_numpy(bad)
         return batch

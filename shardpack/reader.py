@@ -76,7 +76,7 @@ class DatasetReader:
         # own, lazily
         state = dict(self.__dict__)
         for key in ("_indexes", "_buffers", "_chunks", "_chunk_bytes", "_inflight", "_pieces",
-                    "labels", "_lock"):
+                    "labels", "checked", "_lock"):
             state.pop(key, None)
         return state
 

@@ -356,3 +356,33 @@ def test_batched_reads_check_each_record(tmp_path, where):
         for batch in DataLoader(ds, batch_size=None):
             got.append(batch["__key__"].tolist())
     assert got == [["0", "1", "2", "3"]]
+
+
+def test_state_of_the_previous_order_version(packed):
+    ds = ShardDataset(packed, batch_size=8)
+    state = {**ds.state_dict(samples_seen=16), "version": 1}
+    with pytest.raises(ValueError, match="expected 2, found 1"):
+        ShardDataset(packed, batch_size=8).load_state_dict(state)  # shuffled: orders differ
+    plain = ShardDataset(packed, batch_size=8, shuffle=False)
+    old = {**plain.state_dict(samples_seen=16), "version": 1}
+    fresh = ShardDataset(packed, batch_size=8, shuffle=False)
+    fresh.load_state_dict(old)  # unshuffled: the same order in both versions
+    assert ids_of(fresh) == list(range(16, N))
+
+
+def test_labels_that_int_accepts_are_parsed_once_per_stretch(tmp_path, monkeypatch):
+    from shardpack import batches
+
+    calls = []
+    parse = batches._parse_ints
+    monkeypatch.setattr(batches, "_parse_ints", lambda *a: calls.append(1) or parse(*a))
+    files = {}
+    for i in range(N):
+        files[f"{i:03d}.bin"] = bytes([i]) * 5
+        files[f"{i:03d}.cls"] = b"%d\n" % (i % 7) if i % 2 else b"-%d" % (i % 5)
+    shardpack.pack(make_tree(tmp_path / "src", files), tmp_path / "out", format="tar",
+                   workers=1)
+    ds = ShardDataset(tmp_path / "out", shuffle=False, batch_size=8, batched=True)
+    got = torch.cat([b["cls"] for b in DataLoader(ds, batch_size=None)]).tolist()
+    assert got == [i % 7 if i % 2 else -(i % 5) for i in range(N)]
+    assert len(calls) == 3  # stretches of 1, 4 and 16 batches (13 batches in all)

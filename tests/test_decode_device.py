@@ -229,3 +229,19 @@ def test_head_start_worker_0_decodes_the_first_batch_on_every_cpu(image_ds):
     assert [b["spy"].tolist()[0] for b in plain] == [0] * len(plain)
     for a, b in zip(fast, plain):  # threads change nothing in the images
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["__bad__"], b["__bad__"])
+
+
+def test_head_start_names_the_first_bad_sample_and_counts_worker_iterations(tmp_path, photos):
+    files = {f"c0/{i:02d}.jpg": photos[i % len(photos)] for i in range(8)}
+    files["c0/03.jpg"] = files["c0/06.jpg"] = b"\xff\xd8 broken"
+    src = make_tree(tmp_path / "src", files)
+    shardpack.pack(src, tmp_path / "ds", workers=1)
+    ds = ShardDataset(tmp_path / "ds", batch_size=8, batched=True, shuffle=False,
+                      decode=_Spy(32))
+    with pytest.raises(DecodeError, match="sample 'c0/03'"):  # as one thread would say
+        list(DataLoader(ds, batch_size=None, num_workers=1))
+    ok = ShardDataset(tmp_path / "ds", batch_size=4, batched=True, shuffle=False,
+                      decode=_Spy(32, on_error="skip"))
+    list(ok)  # the training process iterates first: its count is not the workers'
+    spy = [b["spy"].tolist() for b in DataLoader(ok, batch_size=None, num_workers=1)]
+    assert spy[0][0] == len(__import__("os").sched_getaffinity(0)) and spy[1][0] == 0
