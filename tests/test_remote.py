@@ -294,6 +294,33 @@ def test_fast_start_first_batch_without_whole_shards(local_ds, http_server, tmp_
     assert not ds.reader.has_pieces
 
 
+def test_fast_start_worker_0_goes_first(local_ds, http_server, tmp_path, monkeypatch):
+    """With DataLoader workers, worker 0 (whose batch the loader hands out first) fetches its
+    first batch's pieces alone; the others start theirs when it is done."""
+    from torch.utils.data import DataLoader, get_worker_info
+
+    server = http_server(local_ds)
+    log = tmp_path / "log"
+    real = DatasetReader.fetch_pieces
+
+    def logged(self, ids):
+        began = time.monotonic()
+        n = real(self, ids)
+        with open(log, "a") as f:
+            f.write(f"{get_worker_info().id} {began} {time.monotonic()} {n}\n")
+        return n
+
+    monkeypatch.setattr(DatasetReader, "fetch_pieces", logged)  # before the workers fork
+    ds = ShardDataset(server.url, cache_dir=tmp_path / "cache", seed=3, batch_size=8,
+                      batched=True, prefetch=2)
+    keys = [k for b in DataLoader(ds, batch_size=None, num_workers=2) for k in b["__key__"]]
+    assert sorted(keys) == sorted(_expected(local_ds))
+    rows = {int(w): (float(a), float(b), int(n))
+            for w, a, b, n in (line.split() for line in log.read_text().splitlines())}
+    assert rows[0][2] > 0  # worker 0 did fetch pieces
+    assert rows[1][0] >= rows[0][1]  # worker 1 began only when worker 0 had finished
+
+
 def test_fast_start_bad_piece_falls_back_to_whole_shards(local_ds, http_server, tmp_path,
                                                           monkeypatch):
     """A ranged read that fails its sample hash is an error naming the shard; the dataset then
