@@ -9,8 +9,6 @@ module only reads what they say, lazily, in whichever process iterates.
 from __future__ import annotations
 
 import multiprocessing
-import os
-import time
 import warnings
 from multiprocessing.context import get_spawning_popen
 from typing import Callable, Iterator, Sequence
@@ -19,6 +17,7 @@ import numpy as np
 
 from . import partition
 from .errors import ShardpackError
+from .headstart import HeadStart
 from .buffers import SlotPool
 from .reader import DatasetReader
 from .torchenv import IterableDataset, dist, placement, settle_worker
@@ -83,10 +82,9 @@ class ShardDataset(IterableDataset):
         # set_epoch() writes here; workers (persistent ones included) read it at each __iter__.
         # An anonymous shared page: it lives exactly as long as the processes holding it.
         self._epoch = multiprocessing.get_context("fork").RawValue("q", -1)
-        # worker 0 writes here when its fast start (remote, cold cache) is done; the others wait
-        # for it before starting theirs (docs/remote.md, "Fast start")
-        self._fast_start_done = multiprocessing.get_context("fork").RawValue("q", -1)
-        self._iterations = (os.getpid(), 0)  # (process, iterations started in it)
+        # worker 0 fetches its fast-start pieces (remote, cold cache) before the other workers
+        # fetch theirs (docs/remote.md, "Fast start")
+        self._fast_start = HeadStart(FAST_START_WAIT)
         # batch buffers the workers reuse (shardpack.buffers): made here, before the DataLoader
         # forks them; anonymous, so it lives exactly as long as the processes holding it
         self._pool = SlotPool.create() if batched else None
@@ -120,15 +118,12 @@ class ShardDataset(IterableDataset):
         state = dict(self.__dict__)
         if get_spawning_popen() is None:  # not being sent to a new process: plain int snapshot
             state["_epoch"] = int(self._epoch.value)
-            state["_fast_start_done"] = None
         return state
 
     def __setstate__(self, state):
         if isinstance(state["_epoch"], int):
             value = state["_epoch"]
             state["_epoch"] = multiprocessing.get_context("fork").RawValue("q", value)
-        if state.get("_fast_start_done") is None:
-            state["_fast_start_done"] = multiprocessing.get_context("fork").RawValue("q", -1)
         self.__dict__.update(state)
 
     # -- epochs and sizes ---------------------------------------------------------------------
@@ -252,15 +247,15 @@ class ShardDataset(IterableDataset):
         fetcher = None
         try:
             if self.reader.prefetch > 0:  # cold cache: the first batch by ranged reads of its
-                token = self._fast_start_turn(where, epoch)  # samples, before whole-shard
+                first = self._fast_start_turn(where, epoch)  # samples, before whole-shard
                 try:                                          # downloads take the link
                     self.stats["fast_start_requests"] += self.reader.fetch_pieces(
                         share.ids[skip:skip + self.batch_size])
                 except ShardpackError:  # only a shortcut: the usual path reports the error
                     self.reader.drop_pieces()
                 finally:
-                    if token is not None:
-                        self._fast_start_done.value = token
+                    if first:
+                        self._fast_start.done()
             fetcher = self._prefetcher(share, skip)
             if self.batched:
                 yield from self._batches(share, skip, running, fetcher)
@@ -271,23 +266,18 @@ class ShardDataset(IterableDataset):
                 fetcher[0].close()
             self.reader.drop_pieces()
 
-    def _fast_start_turn(self, where, epoch: int) -> int | None:
+    def _fast_start_turn(self, where, epoch: int) -> bool:
         """Remote data with a cache, in DataLoader workers: worker 0 fetches its first batch's
         pieces alone (the DataLoader hands out its batch first); the others wait until it is done,
-        at most FAST_START_WAIT seconds.  Returns the token worker 0 writes when done."""
-        pid = os.getpid()
-        count = self._iterations[1] + 1 if self._iterations[0] == pid else 1
-        self._iterations = (pid, count)  # this process's own iterations, not its parent's
+        at most FAST_START_WAIT seconds.  True for worker 0, which signals when done."""
+        self._fast_start.begin(epoch)
         reader = self.reader
         if reader.storage.local or reader.cache is None or where.num_workers < 2:
-            return None
-        token = (epoch << 32) + count
+            return False
         if where.worker == 0:
-            return token
-        deadline = time.monotonic() + FAST_START_WAIT
-        while self._fast_start_done.value != token and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return None
+            return True
+        self._fast_start.wait()
+        return False
 
     def _prefetcher(self, share: partition.Share, skip: int):
         """For remote data: a background fetcher over the shards (or chunks) this share reads,

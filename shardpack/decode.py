@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import io
 import math
-import multiprocessing
 import os
 import struct
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
 from .errors import DecodeError
+from .headstart import HeadStart
 
 JPEG_MAGIC = b"\xff\xd8"
 
@@ -154,13 +153,6 @@ def reference_decode(data: bytes, opts: CropOptions, rnd: _Random | None = None)
 HEAD_START_WAIT = 1.0  # seconds a worker waits at most for worker 0's first batch
 
 
-def _shared_token():
-    try:
-        return multiprocessing.get_context("fork").RawValue("q", -1)
-    except ValueError:  # no fork on this platform: the default context's shared value, which
-        return multiprocessing.RawValue("q", -1)  # spawned workers receive with the dataset
-
-
 class CpuDecode:
     """A batch stage for ``ShardDataset(..., batched=True, decode=CpuDecode(...))``: replaces the
     image field's bytes with ``image`` (uint8 NHWC).  Undecodable images raise
@@ -181,32 +173,17 @@ class CpuDecode:
         self.on_error = on_error
         self.epoch = 0  # set by ShardDataset at the start of every epoch
         self.head_start = head_start
-        # the token of the iteration whose first batch worker 0 has finished; an anonymous
-        # shared page made before the DataLoader forks, gone with the last process holding it
-        self._done = _shared_token() if head_start else None
-        self._iterations = 0   # iterations started in the process self._counted_in
-        self._counted_in = os.getpid()
-        self._first = False    # the next batch is this iteration's first
+        self._head = HeadStart(HEAD_START_WAIT) if head_start else None
+        self._first = False    # the next batch is this process's first iteration's first
         self._pool = None      # worker 0's decode threads, made in the worker when first needed
 
     def begin(self, epoch: int) -> None:
         """Called by ShardDataset when an iteration starts (in the process that iterates)."""
         self.epoch = epoch
-        if self._counted_in != os.getpid():  # a worker: count its own iterations, not the
-            self._counted_in, self._iterations = os.getpid(), 0  # trainer's it was forked with
-        self._iterations += 1
-        self._first = self._iterations == 1  # a process's first iteration: the start-up
+        self._first = self._head is not None and self._head.begin(epoch) == 1  # the start-up
 
     def __getstate__(self):
-        from multiprocessing.context import get_spawning_popen
-
-        state = dict(self.__dict__, _pool=None)
-        if self._done is not None and get_spawning_popen() is None:
-            state["_done"] = None  # a plain copy (not a worker being made): no head start
-        return state
-
-    def _token(self) -> int:
-        return (self.epoch << 32) + self._iterations
+        return dict(self.__dict__, _pool=None)
 
     def _threads(self, batch: dict) -> int:
         """Threads for worker 0's head-start batch (all its CPUs), else 0: decode in this thread.
@@ -217,12 +194,10 @@ class CpuDecode:
         from .torchenv import get_worker_info
 
         info = get_worker_info()
-        if self._done is None or info is None:
+        if info is None:
             return 0
         if info.id != 0:
-            deadline = time.monotonic() + HEAD_START_WAIT
-            while self._done.value != self._token() and time.monotonic() < deadline:
-                time.sleep(0.002)
+            self._head.wait()
             return 0
         return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                    else os.cpu_count() or 1)
@@ -267,7 +242,7 @@ class CpuDecode:
         else:
             run(range(count))
         if threads:  # worker 0's head start is over (failed or not): the others may go
-            self._done.value = self._token()
+            self._head.done()
         if failed:  # the lowest bad sample, whatever the number of threads
             i, message = min(failed)
             raise DecodeError(message, key=batch["__key__"][i])

@@ -204,7 +204,7 @@ class _Spy(CpuDecode):
 
     def _threads(self, batch):
         threads = super()._threads(batch)
-        done = self._done is not None and self._done.value == self._token()
+        done = self._head is not None and self._head._page.value == self._head.token
         batch["spy"] = torch.tensor([threads, int(done)])
         return threads
 
@@ -225,7 +225,7 @@ def test_head_start_worker_0_decodes_the_first_batch_on_every_cpu(image_ds):
     assert spy[0] == [cpus, 0]  # worker 0's first batch: every CPU, nobody done yet
     assert spy[1] == [0, 1]     # worker 1's first batch began only once worker 0's was done
     assert all(s[0] == 0 for s in spy[2:])
-    assert ds.decode._done.value == 1  # the shared page the workers wrote (epoch 0, 1st pass)
+    assert ds.decode._head._page.value == 1  # the page the workers wrote (epoch 0, 1st pass)
     assert [b["spy"].tolist()[0] for b in plain] == [0] * len(plain)
     for a, b in zip(fast, plain):  # threads change nothing in the images
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["__bad__"], b["__bad__"])
