@@ -118,13 +118,11 @@ def _keys_of_ids(token: str, ids: bytes) -> Keys:
 def key_bytes(reader, ids: np.ndarray) -> tuple[bytes, bytes]:
     """(UTF-8 keys concatenated, int64 offsets as bytes) of global sample ids ``ids``.  Runs when
     keys are first used, not while batches are made."""
-    shards = np.searchsorted(reader.offsets, ids, side="right") - 1
-    rows = ids - reader.offsets[shards]
+    shards, rows = reader.locate_many(ids)
     starts, ends = np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=np.int64)
     blobs = {}
-    for shard in sorted(set(shards.tolist())):
+    for shard, sel in by_shard(shards):
         index = reader.index(shard)
-        sel = shards == shard
         starts[sel], ends[sel] = index.key_bounds[0][rows[sel]], index.key_bounds[1][rows[sel]]
         blobs[shard] = memoryview(index.key_blob)
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
@@ -350,21 +348,18 @@ class Gatherer:
         reader = self.reader
         ids = self.ids[lo:lo + count]
         n = len(ids)
-        shards = np.searchsorted(reader.offsets, ids, side="right") - 1
-        rows = ids - reader.offsets[shards]
+        shards, rows = reader.locate_many(ids)
         starts = {f: np.zeros(n, dtype=np.int64) for f in self.names}
         sizes = {f: np.zeros(n, dtype=np.int64) for f in self.names}
         labels = {f: np.full(n, _UNPARSED, dtype=np.int64) for f in self.names
                   if f in LABEL_FIELDS}
         fast, msgpack = True, False
-        used = sorted(set(shards.tolist()))  # (np.unique imports numpy.ma: 0.15 s a worker)
-        for shard in used:
+        for shard, sel in by_shard(shards):
             index = reader.index(shard)
             if index.compression != "none":
                 fast = False
                 break
             msgpack |= index.shard_format == "msgpack"
-            sel = np.flatnonzero(shards == shard) if len(used) > 1 else slice(None)
             r = rows[sel]
             spans = index.field_spans
             for f in self.names:
@@ -393,7 +388,7 @@ class Gatherer:
                 return None
             bufs[shard] = memoryview(buf)
         if plan["msgpack"]:
-            self._check(used, shards, plan["rows"][a:b], bufs)
+            self._check(shards, plan["rows"][a:b], bufs)
         out = Batch({"__key__": Keys.of_samples(reader, ids),
                      "__index__": torch.from_numpy(ids.copy()),
                      "__repeat__": torch.from_numpy(np.array(repeats, dtype=bool))})
@@ -426,16 +421,16 @@ class Gatherer:
             out[f] = BytesBatch(data, torch.from_numpy(offsets))
         return out
 
-    def _check(self, used, shards, rows, bufs) -> None:
+    def _check(self, shards, rows, bufs) -> None:
         """CRC-check this batch's msgpack records, each once per process (``reader.checked``)."""
         from . import format as fmt
         from .errors import IntegrityError
 
-        for shard in used:
+        for shard, sel in by_shard(shards):
             index = self.reader.index(shard)
             if index.shard_format != "msgpack":
                 continue
-            r = rows[shards == shard] if len(used) > 1 else rows
+            r = rows[sel]
             seen = self.reader.checked.get(shard)
             if seen is None:
                 seen = self.reader.checked[shard] = np.zeros(index.num_samples, dtype=bool)
@@ -492,6 +487,14 @@ def _parse_ints(src: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.nd
     """Labels that ``int()`` accepts (signs, surrounding whitespace); ValueError otherwise."""
     return np.array([int(src[p:p + k].tobytes()) for p, k in
                      zip(starts.tolist(), sizes.tolist())], dtype=np.int64)
+
+
+def by_shard(shards: np.ndarray):
+    """(shard, selection) for each shard in ``shards``, in shard order; the selection indexes
+    the positions of that shard (all of them, as a slice, when there is only one)."""
+    used = sorted(set(shards.tolist()))  # (np.unique imports numpy.ma: 0.15 s a worker)
+    for shard in used:
+        yield shard, (np.flatnonzero(shards == shard) if len(used) > 1 else slice(None))
 
 
 def _slices(srcs: list, starts: np.ndarray, sizes: np.ndarray) -> list:

@@ -285,9 +285,7 @@ class ShardDataset(IterableDataset):
         reader = self.reader
         if reader.storage.local or reader.prefetch <= 0:
             return None
-        ids = share.ids[skip:]
-        shards = np.searchsorted(reader.offsets, ids, side="right") - 1
-        rows = ids - reader.offsets[shards]
+        shards, rows = reader.locate_many(share.ids[skip:])
         if reader.cache is not None:
             keys = shards
         else:
@@ -347,8 +345,7 @@ class ShardDataset(IterableDataset):
         reader = self.reader
         ids = share.ids[skip:]
         repeats = share.repeat[skip:]
-        shards = np.searchsorted(reader.offsets, ids, side="right") - 1
-        rows = ids - reader.offsets[shards]
+        shards, rows = reader.locate_many(ids)
         fields = self.fields
         for pos, (gid, shard, row, rep) in enumerate(zip(ids.tolist(), shards.tolist(),
                                                          rows.tolist(), repeats.tolist())):

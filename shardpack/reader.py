@@ -129,6 +129,12 @@ class DatasetReader:
         shard = int(np.searchsorted(self.offsets, i, side="right")) - 1
         return shard, i - int(self.offsets[shard])
 
+    def locate_many(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, row in shard) of each global sample id of ``ids`` (int64 arrays)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        shards = np.searchsorted(self.offsets, ids, side="right") - 1
+        return shards, ids - self.offsets[shards]
+
     def shard_buffer(self, shard: int) -> memoryview | None:
         """A read-only memory map of the shard (local file, or its verified copy in the cache),
         checked against the manifest's size; None for remote storage without a cache.  At most
@@ -248,9 +254,7 @@ class DatasetReader:
         shards already cached)."""
         if self.cache is None or self.storage.local or len(ids) == 0:
             return 0
-        ids = np.asarray(ids, dtype=np.int64)
-        shards = np.searchsorted(self.offsets, ids, side="right") - 1
-        rows = ids - self.offsets[shards]
+        shards, rows = self.locate_many(ids)
         missing = sorted({int(s) for s in shards.tolist()
                           if s not in self._buffers and
                           not os.path.exists(self.cache.entry_path(self.storage.url,

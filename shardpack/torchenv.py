@@ -44,7 +44,7 @@ def placement(rank: int | None = None, world: int | None = None) -> Placement:
     return Placement(rank, world, worker, num_workers)
 
 
-_settled: set[int] = set()  # pids of worker processes already settled
+_settled_pid = None  # the worker process already settled (a fork of it is another process)
 
 
 def settle_worker() -> None:
@@ -54,7 +54,8 @@ def settle_worker() -> None:
     page and so copying it: 150 ms a worker here, twice an epoch of 100,000 tiny samples
     (docs/reading.md, "Garbage collection in workers").  Objects the worker makes later are
     collected as usual."""
-    if get_worker_info() is None or os.getpid() in _settled:
+    global _settled_pid
+    if get_worker_info() is None or _settled_pid == os.getpid():
         return
-    _settled.add(os.getpid())
+    _settled_pid = os.getpid()
     gc.freeze()
