@@ -230,34 +230,48 @@ class BytesBatch(NamedTuple):
         return [data[offsets[i]:offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)]
 
 
-def pack_bytes(items: Sequence[bytes]) -> BytesBatch:
+def pack_bytes(items: Sequence[bytes], into: "Batch | None" = None) -> BytesBatch:
+    """Byte strings in one tensor.  With ``into`` (the batch they will travel in), from
+    INLINE_LIMIT bytes on they are copied once, straight into ``into.buffer`` (a slot of its
+    pool, or shared memory in a DataLoader worker) instead of joined, copied into a tensor and
+    copied again into shared memory when the batch is sent."""
     offsets = np.zeros(len(items) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in items], out=offsets[1:])
+    total = int(offsets[-1])
+    if into is not None and total >= INLINE_LIMIT:
+        data = into.buffer(total)
+        dst = memoryview(data.numpy())
+        for item, a, b in zip(items, offsets[:-1].tolist(), offsets[1:].tolist()):
+            dst[a:b] = item
+        return BytesBatch(data, torch.from_numpy(offsets))
     joined = b"".join(items)
     data = torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined else \
         torch.empty(0, dtype=torch.uint8)
     return BytesBatch(data, torch.from_numpy(offsets))
 
 
-def collate(batch: Sequence[dict]) -> dict:
-    """Collate sample dicts from :class:`~shardpack.ShardDataset` (fields as bytes)."""
+def collate(batch: Sequence[dict], pool=None) -> dict:
+    """Collate sample dicts from :class:`~shardpack.ShardDataset` (fields as bytes); ``pool``: a
+    :class:`~shardpack.buffers.SlotPool` for large fields (in a DataLoader worker)."""
     if not batch:
         return Batch()
     out = Batch()
+    if pool is not None:
+        out.pool = pool
     names = dict.fromkeys(name for sample in batch for name in sample)  # union, in order
     for name in names:
         values = [sample.get(name) for sample in batch]
         if any(v is None for v in values):
-            if not all(isinstance(v, (bytes, type(None))) for v in values):
+            if not all(isinstance(v, (bytes, memoryview, type(None))) for v in values):
                 raise ValueError(f"field {name!r} is missing from some samples of the batch; "
                                  "only bytes fields may be absent (they collate as b'')")
             values = [b"" if v is None else v for v in values]
         if name == "__key__":
             out[name] = Keys.of(values)
-        elif name in LABEL_FIELDS and isinstance(values[0], (bytes, bytearray)):
-            out[name] = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        elif name in LABEL_FIELDS and isinstance(values[0], (bytes, bytearray, memoryview)):
+            out[name] = torch.tensor([int(bytes(v)) for v in values], dtype=torch.int64)
         elif isinstance(values[0], (bytes, bytearray, memoryview)):
-            out[name] = pack_bytes(values)
+            out[name] = pack_bytes(values, out)
         elif isinstance(values[0], bool):
             out[name] = torch.tensor(values, dtype=torch.bool)
         elif isinstance(values[0], int):

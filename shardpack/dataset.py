@@ -17,12 +17,10 @@ import numpy as np
 
 from . import partition
 from .errors import ShardpackError
-from .headstart import HeadStart
 from .buffers import SlotPool
 from .reader import DatasetReader
 from .torchenv import IterableDataset, dist, placement, settle_worker
 
-FAST_START_WAIT = 2.0  # seconds a worker waits at most for worker 0's fast start
 STATE_VERSION = 2  # changes whenever the order of a (seed, epoch) changes (docs/reading.md)
 
 
@@ -82,9 +80,6 @@ class ShardDataset(IterableDataset):
         # set_epoch() writes here; workers (persistent ones included) read it at each __iter__.
         # An anonymous shared page: it lives exactly as long as the processes holding it.
         self._epoch = multiprocessing.get_context("fork").RawValue("q", -1)
-        # worker 0 fetches its fast-start pieces (remote, cold cache) before the other workers
-        # fetch theirs (docs/remote.md, "Fast start")
-        self._fast_start = HeadStart(FAST_START_WAIT)
         # batch buffers the workers reuse (shardpack.buffers): made here, before the DataLoader
         # forks them; anonymous, so it lives exactly as long as the processes holding it
         self._pool = SlotPool.create() if batched else None
@@ -246,42 +241,36 @@ class ShardDataset(IterableDataset):
                 stage.epoch = epoch
         fetcher = None
         try:
-            if self.reader.prefetch > 0:  # cold cache: the first batch by ranged reads of its
-                first = self._fast_start_turn(where, epoch)  # samples, before whole-shard
-                try:                                          # downloads take the link
-                    self.stats["fast_start_requests"] += self.reader.fetch_pieces(
-                        share.ids[skip:skip + self.batch_size])
-                except ShardpackError:  # only a shortcut: the usual path reports the error
-                    self.reader.drop_pieces()
-                finally:
-                    if first:
-                        self._fast_start.done()
-            fetcher = self._prefetcher(share, skip)
+            if self.reader.prefetch > 0:  # cold cache: the rank's first batch by ranged reads
+                self._fast_start_batch(where, share.ids[skip:skip + self.batch_size])
+            fetcher = self._prefetcher(share, skip, where.num_workers)
             if self.batched:
                 yield from self._batches(share, skip, running, fetcher)
             else:
                 yield from self._samples(share, skip, running, fetcher=fetcher)
         finally:
             if fetcher is not None:
-                fetcher[0].close()
+                fetcher.close()
             self.reader.drop_pieces()
 
-    def _fast_start_turn(self, where, epoch: int) -> bool:
-        """Remote data with a cache, in DataLoader workers: worker 0 fetches its first batch's
-        pieces alone (the DataLoader hands out its batch first); the others wait until it is done,
-        at most FAST_START_WAIT seconds.  True for worker 0, which signals when done."""
-        self._fast_start.begin(epoch)
-        reader = self.reader
-        if reader.storage.local or reader.cache is None or where.num_workers < 2:
-            return False
-        if where.worker == 0:
-            return True
-        self._fast_start.wait()
-        return False
+    def _fast_start_batch(self, where, ids) -> None:
+        """Remote data with a cache, cold: fetch the samples ``ids`` of this pass's first batch
+        with ranged reads, before this process's whole-shard downloads start.  With DataLoader
+        workers only worker 0 does (its batch is the loader's first); the others read whole
+        shards from their first batch on (docs/remote.md, "Fast start")."""
+        if where.num_workers > 1 and where.worker != 0:
+            return
+        try:
+            self.stats["fast_start_requests"] += self.reader.fetch_pieces(ids)
+        except ShardpackError:  # only a shortcut: the usual path reports the error
+            self.reader.drop_pieces()
 
-    def _prefetcher(self, share: partition.Share, skip: int):
-        """For remote data: a background fetcher over the shards (or chunks) this share reads,
-        in order, and each position's place in that order.  None for local data."""
+    def _prefetcher(self, share: partition.Share, skip: int, num_workers: int):
+        """For remote data: a background fetcher over the shards (or chunks) this share reads
+        from position ``skip`` on, each once, in order of first need.  It keeps on hand or on
+        the way what the current batch needs and, when shuffling, what this worker's part of
+        the next shuffle window needs (a window is read in a burst, from many shards), then
+        ``prefetch`` units more.  None for local data."""
         reader = self.reader
         if reader.storage.local or reader.prefetch <= 0:
             return None
@@ -292,15 +281,12 @@ class ShardDataset(IterableDataset):
             per = np.array([max(1, reader.CHUNK_BYTES * s["samples"] // max(1, s["bytes"]))
                             for s in reader.shards])
             keys = shards * (1 << 32) + rows // per[shards]
-        change = np.ones(len(keys), dtype=bool)
-        change[1:] = keys[1:] != keys[:-1]
-        firsts = np.flatnonzero(change)
-        units = [int(shards[i]) if reader.cache is not None else
-                 (int(shards[i]), int(keys[i] & 0xFFFFFFFF)) for i in firsts]
-        fetcher = reader.prefetcher(units)
-        if fetcher is None:
-            return None
-        return fetcher, np.cumsum(change) - 1, skip  # unit number of every position
+        distinct, needs = np.unique(keys, return_index=True)
+        order = np.argsort(needs, kind="stable")
+        units = [int(k) if reader.cache is not None else (int(k >> 32), int(k & 0xFFFFFFFF))
+                 for k in distinct[order].tolist()]
+        ahead = self.shuffle_window // max(1, num_workers) if self.shuffle else 0
+        return reader.prefetcher(units, needs[order], ahead)
 
     def _batches(self, share: partition.Share, skip: int, running: dict,
                  fetcher=None) -> Iterator[dict]:
@@ -313,8 +299,8 @@ class ShardDataset(IterableDataset):
         gatherer = Gatherer(self.reader, share.ids, size, self.fields, shared, self._pool)
         for start in range(skip, len(share), size):
             part = share[start:start + size]
-            if fetcher is not None:
-                fetcher[0].at(int(fetcher[1][start - fetcher[2]]))
+            if fetcher is not None and not self.reader.has_pieces:  # (pieces: the fast start's
+                fetcher.reading(start + len(part) - skip)            # batch goes out first)
             batch = None
             try:
                 if not self.reader.has_pieces:  # else: the fast start's pieces, sample by sample
@@ -329,7 +315,7 @@ class ShardDataset(IterableDataset):
                 if not samples:
                     running["yielded"] = start + len(part)
                     continue
-                batch = collate(samples)
+                batch = collate(samples, self._pool if shared else None)
             else:
                 self.stats["yielded"] += len(part)
                 self.stats["repeats"] += int(part.repeat.sum())
@@ -350,10 +336,10 @@ class ShardDataset(IterableDataset):
         for pos, (gid, shard, row, rep) in enumerate(zip(ids.tolist(), shards.tolist(),
                                                          rows.tolist(), repeats.tolist())):
             running["yielded"] += 1
-            if fetcher is not None and pos % 64 == 0:
-                fetcher[0].at(int(fetcher[1][pos]))
+            if fetcher is not None and pos % 64 == 0 and not reader.has_pieces:
+                fetcher.reading(pos + 64)
             try:
-                sample = reader.read(shard, row)
+                sample = reader.read(shard, row, views=raw)  # (raw: copied into a batch)
             except ShardpackError as exc:
                 if self.on_error == "raise":
                     raise

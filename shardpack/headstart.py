@@ -3,7 +3,7 @@
 The DataLoader hands out worker 0's batch first, but every worker starts its first batch at the
 same moment and they share the CPUs (or the link).  A :class:`HeadStart` lets worker 0 signal
 "my first step is done" and the others wait for it, never longer than a bound, so the first batch
-arrives sooner.  Used by the remote fast start (``ShardDataset``) and by ``CpuDecode``.
+arrives sooner.  Used by ``CpuDecode``'s head start.
 
 The signal is one anonymous shared 8-byte page, made in the training process before the
 DataLoader forks its workers (like ``set_epoch``'s): it has no name and disappears with the last

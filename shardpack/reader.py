@@ -175,11 +175,17 @@ class DatasetReader:
         return lambda tmp: self.storage.download(meta["name"], tmp, meta["bytes"])
 
     def warm(self, unit) -> None:
-        """Fetch ahead: a shard number (into the cache) or a (shard, chunk) pair (into memory)."""
+        """Fetch ahead: a shard number (its index, then the shard, into the cache) or a (shard,
+        chunk) pair (into memory).  A shard that another process or thread is fetching is left
+        to it (the reader waits for it when it gets there)."""
         if isinstance(unit, tuple):
             self._chunk(*unit)
         elif self.cache is not None:
-            self.cache.open(self.storage.url, self.shards[unit], self._downloader(unit)).close()
+            self.index(unit)
+            entry = self.cache.open(self.storage.url, self.shards[unit], self._downloader(unit),
+                                    wait=False)
+            if entry is not None:
+                entry.close()
 
     def chunk_of(self, shard: int, row: int) -> int:
         meta = self.shards[shard]
@@ -234,12 +240,13 @@ class DatasetReader:
                 self._chunk_bytes -= len(old)
         return data, start
 
-    def prefetcher(self, units: list) -> "Prefetcher | None":
-        """A background fetcher for ``units`` (in order of need), or None when there is nothing
-        to fetch ahead (local data, or prefetch=0)."""
+    def prefetcher(self, units: list, needs, ahead: int = 0) -> "Prefetcher | None":
+        """A background fetcher for ``units`` (distinct, in order of first need; ``needs[i]`` is
+        the first reading position that needs unit i), or None when there is nothing to fetch
+        ahead (local data, or prefetch=0)."""
         if self.storage.local or self.prefetch <= 0 or not units:
             return None
-        return Prefetcher(self, units, self.prefetch)
+        return Prefetcher(self, units, needs, self.prefetch, ahead)
 
     def unit(self, shard: int, row: int):
         """What a read of (shard, row) needs fetched: the shard (cached) or a chunk."""
@@ -323,9 +330,11 @@ class DatasetReader:
                               path=self.shard_path(shard), offset=start, key=index.key(row))
         return piece
 
-    def read(self, shard: int, row: int) -> dict:
+    def read(self, shard: int, row: int, views: bool = False) -> dict:
+        """Sample ``row`` of shard ``shard``; with ``views``, fields are memoryviews of the
+        stored bytes (no copy; for a caller that copies them into a batch at once)."""
         return decode_sample(self.index(shard), row, self.sample_bytes(shard, row),
-                             self.shard_path(shard))
+                             self.shard_path(shard), views)
 
     def read_sample(self, i: int) -> dict:
         """Sample ``i`` of the dataset: a slice of a memory map (local) or one ranged read."""
@@ -382,28 +391,38 @@ class _Flight:
 
 
 class Prefetcher:
-    """Fetches ``units`` in order in background threads, at most ``depth`` ahead of the
-    position the reader reports with :meth:`at`.  Errors are not raised here: a reading thread
-    that needs the same unit gets the error (or retries, for a cached shard) with the usual
-    message."""
+    """Fetches ``units`` in order in background threads: every unit the reader needs up to
+    ``ahead`` positions past the one it reports with :meth:`reading`, and ``depth`` units
+    beyond.  ``units`` are distinct and in order of first need (``needs``: the first position
+    needing each).  Errors are not raised here: a reading thread that needs the same unit gets
+    the error (or retries, for a cached shard) with the usual message."""
 
-    def __init__(self, reader: DatasetReader, units: list, depth: int):
-        self.reader, self.units, self.depth = reader, units, depth
-        self.position = 0
+    def __init__(self, reader: DatasetReader, units: list, needs, depth: int, ahead: int = 0):
+        self.reader, self.units, self.depth, self.ahead = reader, units, depth, ahead
+        self.needs = np.asarray(needs, dtype=np.int64)
+        self.position = 0  # units needed so far
         self._cond = threading.Condition()
         self._stop = False
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True,
                                           name=f"shardpack-fetch-{i}")
                          for i in range(min(depth, 4))]
         self._next = 0
-        for t in self._threads:
-            t.start()
+        self._started = False  # the threads start with the first position reported
+
+    def reading(self, end: int) -> None:
+        """The reader is about to read positions before ``end``."""
+        self.at(int(np.searchsorted(self.needs, end + self.ahead, side="left")))
 
     def at(self, position: int) -> None:
+        """The reader needs the first ``position`` units now."""
         with self._cond:
             if position > self.position:
                 self.position = position
                 self._cond.notify_all()
+            if not self._started:
+                self._started = True
+                for t in self._threads:
+                    t.start()
 
     def _run(self, _: int) -> None:
         while True:
@@ -459,10 +478,17 @@ def record_payload(index: fmt.ShardIndex, row: int, record, path: str):
     return payload
 
 
-def decode_sample(index: fmt.ShardIndex, row: int, record, path: str) -> dict:
-    """``{"__key__": key, field: bytes, ...}`` from one sample's stored bytes."""
+def decode_sample(index: fmt.ShardIndex, row: int, record, path: str,
+                  views: bool = False) -> dict:
+    """``{"__key__": key, field: bytes, ...}`` from one sample's stored bytes (with ``views``,
+    memoryviews of them)."""
     payload = record_payload(index, row, record, path)
     sample = {"__key__": index.key(row)}
+    if views:
+        payload = memoryview(payload)
+        for name, off, size in index.sample_fields(row):
+            sample[name] = payload[off:off + size]
+        return sample
     for name, off, size in index.sample_fields(row):
         sample[name] = bytes(payload[off:off + size])
     return sample

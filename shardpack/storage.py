@@ -163,8 +163,11 @@ class Storage:
                     break
                 self.stats["retries"] += 1
                 time.sleep(self.retry.delay(attempt, after))
+        cause = str(last) or ("no data within the per-request timeout of "
+                              f"{self.retry.timeout:g} s" if "Timeout" in type(last).__name__
+                              else "no details")
         raise RemoteError(f"{what} failed after {attempt + 1} attempt(s): "
-                          f"{type(last).__name__}: {last}", path=self.display(name)) from last
+                          f"{type(last).__name__}: {cause}", path=self.display(name)) from last
 
     # -- reading ---------------------------------------------------------------------------
     def exists(self, name: str = "") -> bool:
@@ -224,17 +227,26 @@ class Storage:
             raise DatasetNotFoundError("file is missing", path=self.display(asked[0][0])) \
                 from None
 
+    STREAM_MAX = 256 << 20  # download(): files up to this size come as one streamed request
+
     def download(self, name: str, dest: str, size: int, part_size: int = 16 << 20,
                  parallel: int = 4) -> None:
-        """Copy one remote file into ``dest`` (an open-able local path) with parallel ranged
-        reads of ``part_size`` bytes, each retried on its own."""
-        if size <= part_size or parallel <= 1:
-            data = self.read_bytes(name) if size else b""
-            if len(data) != size:
-                raise ShortReadError(f"{self.display(name)}: got {len(data)} bytes, expected {size}")
-            with open(dest, "r+b" if os.path.exists(dest) else "wb") as f:
-                f.write(data)
-            return
+        """Copy one remote file into the local path ``dest``.  Up to STREAM_MAX bytes: one
+        streamed request through the backend's own ``get_file`` (written as it arrives; s3fs
+        splits a large object into concurrent ranged parts itself).  Bigger files: ``parallel``
+        ranged reads of ``part_size`` bytes at a time, each retried on its own.  Why streaming
+        first: docs/remote.md, "Downloads"."""
+        if size <= self.STREAM_MAX or parallel <= 1:
+            def fetch():
+                self.fs.get_file(self.path(name), dest)
+                got = os.path.getsize(dest)
+                if got != size:
+                    raise ShortReadError(f"{self.display(name)}: got {got} bytes, expected {size}")
+
+            try:
+                return self._call("download", name, fetch)
+            except FileNotFoundError:
+                raise DatasetNotFoundError("file is missing", path=self.display(name)) from None
         from concurrent.futures import ThreadPoolExecutor
 
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)

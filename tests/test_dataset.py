@@ -1,6 +1,7 @@
 """ShardDataset and open_dataset in real DataLoaders: exact-once, epochs, resume, errors."""
 
 import json
+import os
 import warnings
 
 import numpy as np
@@ -203,6 +204,39 @@ def test_collate_bytes_batch():
     assert batch["jpg"].items() == [b"xy", b""] and batch["__repeat__"].tolist() == [False, True]
     batch = collate([{"jpg": b"a", "json": b"{}"}, {"jpg": b"b"}])
     assert batch["json"].items() == [b"{}", b""]
+
+
+def test_collate_memoryviews_into_a_slot_pool():
+    """The fast start's batch: fields as memoryviews (labels too), large ones copied straight
+    into a leased slot of the pool, small ones joined."""
+    from shardpack.batches import INLINE_LIMIT
+    from shardpack.buffers import SlotPool
+
+    big = [os.urandom(INLINE_LIMIT // 2 + 1), os.urandom(INLINE_LIMIT // 2 + 1)]
+    samples = [{"__key__": k, "jpg": memoryview(b), "cls": memoryview(c), "txt": memoryview(t)}
+               for k, b, c, t in zip("ab", big, (b"4", b"12"), (b"x", b""))]
+    pool = SlotPool.create()
+    if pool is None:
+        pytest.skip("this system cannot map a slot pool")
+
+    def check(out):
+        batch = collate(samples, pool)
+        out.put((batch["cls"].tolist(), batch["txt"].items(), batch["jpg"].items() == big,
+                 len(batch.__dict__.get("_leases", {}))))
+
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=check, args=(out,))  # a worker: it leases slots
+    child.start()
+    got = out.get(timeout=60)
+    child.join(60)
+    assert got == ([4, 12], [b"x", b""], True, 1)  # the big field sits in a slot
+    mine = queue.Queue()
+    check(mine)  # the pool's own process has nobody to send to: no slot, same bytes
+    assert mine.get() == ([4, 12], [b"x", b""], True, 0)
 
 
 def _copy(packed, tmp_path):

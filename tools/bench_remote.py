@@ -257,6 +257,9 @@ def report(s, proxy, shard_get, args, machine, info):
     return head + table + "\n"
 
 
+CASES = ["local", "cold4", "cold0", "nocache4", "nocache0", "first", "perfile", "proxy"]
+
+
 def run_case(case, url, packed, cache_root, perfile_urls, big_url):
     """One case, in this process; returns what main() records for it."""
     if case == "local":
@@ -301,6 +304,9 @@ def main():
                     help="images read in the per-file case (it is slow)")
     ap.add_argument("--budget-s", type=float, default=480,
                     help="start no new repetition after this many seconds")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help="comma-separated subset of the cases to run (for quick comparisons; the "
+                         "docs want all of them)")
     ap.add_argument("--write-docs", action="store_true", help="write the '## Remote' section")
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--from-json", help="only re-render the report of an earlier --json run")
@@ -327,7 +333,7 @@ def main():
     runs = {k: [] for k, _ in LABELS}
     gets = []
     try:
-        cases = ["local", "cold4", "cold0", "nocache4", "nocache0", "first", "perfile", "proxy"]
+        cases = [c for c in CASES if c in args.cases.split(",")]
         for rep in range(args.reps):
             if rep and time.monotonic() - started > args.budget_s:
                 print(f"budget reached: {rep} repetitions", flush=True)
