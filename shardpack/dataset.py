@@ -283,10 +283,14 @@ class ShardDataset(IterableDataset):
             keys = shards * (1 << 32) + rows // per[shards]
         distinct, needs = np.unique(keys, return_index=True)
         order = np.argsort(needs, kind="stable")
+        distinct, needs = distinct[order], needs[order]
+        if reader.cache is not None:  # shards cached already need no fetching (a warm epoch
+            cached = np.array([reader.is_cached(int(k)) for k in distinct.tolist()], bool)
+            distinct, needs = distinct[~cached], needs[~cached]  # starts no thread at all)
         units = [int(k) if reader.cache is not None else (int(k >> 32), int(k & 0xFFFFFFFF))
-                 for k in distinct[order].tolist()]
+                 for k in distinct.tolist()]
         ahead = self.shuffle_window // max(1, num_workers) if self.shuffle else 0
-        return reader.prefetcher(units, needs[order], ahead)
+        return reader.prefetcher(units, needs, ahead)
 
     def _batches(self, share: partition.Share, skip: int, running: dict,
                  fetcher=None) -> Iterator[dict]:

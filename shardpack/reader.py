@@ -170,6 +170,12 @@ class DatasetReader:
                     old.close()
         return view
 
+    def is_cached(self, shard: int) -> bool:
+        """Whether the cache holds shard ``shard`` now (a look, not a promise: eviction may
+        remove it; it is verified when opened)."""
+        return self.cache is not None and os.path.exists(
+            self.cache.entry_path(self.storage.url, self.shards[shard]))
+
     def _downloader(self, shard: int):
         meta = self.shards[shard]
         return lambda tmp: self.storage.download(meta["name"], tmp, meta["bytes"])
@@ -263,9 +269,7 @@ class DatasetReader:
             return 0
         shards, rows = self.locate_many(ids)
         missing = sorted({int(s) for s in shards.tolist()
-                          if s not in self._buffers and
-                          not os.path.exists(self.cache.entry_path(self.storage.url,
-                                                                   self.shards[s]))})
+                          if s not in self._buffers and not self.is_cached(s)})
         if not missing:
             return 0
         from concurrent.futures import ThreadPoolExecutor
