@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
+    CacheError,
     DatasetNotFoundError,
     DecodeError,
     FormatError,
@@ -37,6 +38,7 @@ __all__ = [
     "BytesBatch",
     "CpuDecode",
     "DatasetNotFoundError",
+    "CacheError",
     "DatasetReader",
     "DecodeError",
     "DeviceLoader",

@@ -66,7 +66,8 @@ class ShardCache:
         self.limit = limit
         os.makedirs(self.root, exist_ok=True)
         self._verified: set[tuple[str, int, int]] = set()  # (path, size, mtime) hashed here
-        self.stats = {"hits": 0, "downloads": 0, "refetches": 0, "evictions": 0, "waits": 0, "busy": 0,
+        self.stats = {"hits": 0, "downloads": 0, "refetches": 0, "evictions": 0, "waits": 0,
+                      "busy": 0,
                       "rehashed": 0, "stamped": 0}
 
     # -- locking ------------------------------------------------------------------------------
@@ -85,7 +86,8 @@ class ShardCache:
         return os.path.join(self.root, folder, f"{shard['hash'][:32]}-{shard['name']}")
 
     # -- the one entry point --------------------------------------------------------------------
-    def open(self, dataset_url: str, shard: dict, download, wait: bool = True) -> CacheEntry | None:
+    def open(self, dataset_url: str, shard: dict, download,
+             wait: bool = True) -> CacheEntry | None:
         """The cached file of ``shard`` (a manifest entry), fetching it with ``download(path)``
         when missing.  The caller must ``close()`` the entry when done reading.  With
         ``wait=False``, None instead of waiting while another process or thread fetches it (a

@@ -270,26 +270,32 @@ class ShardDataset(IterableDataset):
         from position ``skip`` on, each once, in order of first need.  It keeps on hand or on
         the way what the current batch needs and, when shuffling, what this worker's part of
         the next shuffle window needs (a window is read in a burst, from many shards), then
-        ``prefetch`` units more.  None for local data."""
+        ``prefetch`` units more.  Samples the fast start fetched as pieces (the first batch)
+        need nothing more.  None for local data."""
         reader = self.reader
         if reader.storage.local or reader.prefetch <= 0:
             return None
-        shards, rows = reader.locate_many(share.ids[skip:])
+        served = self.batch_size if reader.has_pieces else 0
+        shards, rows = reader.locate_many(share.ids[skip + served:])
+        if not len(shards):
+            return None
         if reader.cache is not None:
             keys = shards
         else:
-            per = np.array([max(1, reader.CHUNK_BYTES * s["samples"] // max(1, s["bytes"]))
-                            for s in reader.shards])
+            per = np.array([reader.rows_per_chunk(s) for s in range(len(reader.shards))])
             keys = shards * (1 << 32) + rows // per[shards]
         distinct, needs = np.unique(keys, return_index=True)
         order = np.argsort(needs, kind="stable")
-        distinct, needs = distinct[order], needs[order]
-        if reader.cache is not None:  # shards cached already need no fetching (a warm epoch
-            cached = np.array([reader.is_cached(int(k)) for k in distinct.tolist()], bool)
-            distinct, needs = distinct[~cached], needs[~cached]  # starts no thread at all)
+        distinct, needs = distinct[order], needs[order] + served
+        if reader.cache is not None and all(reader.is_cached(k) for k in distinct.tolist()):
+            return None  # a warm epoch starts no thread (a cached shard's turn just marks it
+                         # recently used, which keeps it from eviction until it is read)
         units = [int(k) if reader.cache is not None else (int(k >> 32), int(k & 0xFFFFFFFF))
                  for k in distinct.tolist()]
-        ahead = self.shuffle_window // max(1, num_workers) if self.shuffle else 0
+        # a shuffle window is read in a burst: with a cache, fetch this worker's part of the next
+        # one early; chunks in memory stay one window (chunk_memory), so none ahead there
+        ahead = self.shuffle_window // max(1, num_workers) \
+            if self.shuffle and reader.cache is not None else 0
         return reader.prefetcher(units, needs, ahead)
 
     def _batches(self, share: partition.Share, skip: int, running: dict,
@@ -328,7 +334,9 @@ class ShardDataset(IterableDataset):
                 batch = self.decode(batch)
             if self.transform is not None:
                 batch = self.transform(batch)
-            yield batch
+            if fetcher is not None and not fetcher.started:  # the fast start's batch is made:
+                fetcher.reading(min(len(share), start + len(part) + size) - skip)  # downloads
+            yield batch                                  # start before it goes out
 
     def _samples(self, share: partition.Share, skip: int, running: dict,
                  raw: bool = False, fetcher=None) -> Iterator[dict]:
@@ -340,7 +348,8 @@ class ShardDataset(IterableDataset):
         for pos, (gid, shard, row, rep) in enumerate(zip(ids.tolist(), shards.tolist(),
                                                          rows.tolist(), repeats.tolist())):
             running["yielded"] += 1
-            if fetcher is not None and pos % 64 == 0 and not reader.has_pieces:
+            if fetcher is not None and (pos % 64 == 0 or not fetcher.started) and \
+                    not reader.has_pieces:
                 fetcher.reading(pos + 64)
             try:
                 sample = reader.read(shard, row, views=raw)  # (raw: copied into a batch)

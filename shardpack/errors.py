@@ -66,6 +66,11 @@ class PackError(ShardpackError, RuntimeError):
     """Packing failed for a reason outside the input (disk full, resume mismatch, worker died)."""
 
 
+class CacheError(ShardpackError, OSError):
+    """The local shard cache cannot be written (disk full, permissions): a local problem, not
+    retried and not blamed on the remote."""
+
+
 class DatasetNotFoundError(ShardpackError, FileNotFoundError):
     """A dataset, shard or sample that should exist does not."""
 
@@ -83,6 +88,7 @@ class UnsafePathError(ShardpackError, ValueError):
 
 
 __all__ = [
+    "CacheError",
     "DatasetNotFoundError",
     "DecodeError",
     "FormatError",

@@ -193,10 +193,13 @@ class DatasetReader:
             if entry is not None:
                 entry.close()
 
-    def chunk_of(self, shard: int, row: int) -> int:
+    def rows_per_chunk(self, shard: int) -> int:
+        """Rows in each ranged chunk of a remote shard read without a cache (~CHUNK_BYTES)."""
         meta = self.shards[shard]
-        per = max(1, self.CHUNK_BYTES * meta["samples"] // max(1, meta["bytes"]))
-        return row // per
+        return max(1, self.CHUNK_BYTES * meta["samples"] // max(1, meta["bytes"]))
+
+    def chunk_of(self, shard: int, row: int) -> int:
+        return row // self.rows_per_chunk(shard)
 
     def _chunk(self, shard: int, number: int) -> tuple[bytes, int]:
         """Rows of chunk ``number`` of a remote shard with one ranged read: (bytes, offset)."""
@@ -234,7 +237,7 @@ class DatasetReader:
         key = (shard, number)
         index = self.index(shard)
         meta = self.shards[shard]
-        per = max(1, self.CHUNK_BYTES * meta["samples"] // max(1, meta["bytes"]))
+        per = self.rows_per_chunk(shard)
         first, last = number * per, min(index.num_samples, (number + 1) * per)
         start, end = int(index.starts[first]), int(index.starts[last])
         data = self.storage.read_bytes(meta["name"], start, end)
@@ -253,10 +256,6 @@ class DatasetReader:
         if self.storage.local or self.prefetch <= 0 or not units:
             return None
         return Prefetcher(self, units, needs, self.prefetch, ahead)
-
-    def unit(self, shard: int, row: int):
-        """What a read of (shard, row) needs fetched: the shard (cached) or a chunk."""
-        return shard if self.cache is not None else (shard, self.chunk_of(shard, row))
 
     def fetch_pieces(self, ids) -> int:
         """Fast start for a cold cache: fetch the stored bytes of samples ``ids`` (global ids)
@@ -412,6 +411,10 @@ class Prefetcher:
                          for i in range(min(depth, 4))]
         self._next = 0
         self._started = False  # the threads start with the first position reported
+
+    @property
+    def started(self) -> bool:
+        return self._started
 
     def reading(self, end: int) -> None:
         """The reader is about to read positions before ``end``."""

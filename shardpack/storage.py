@@ -26,7 +26,8 @@ from typing import Iterator
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from .errors import DatasetNotFoundError, PackError, RemoteError
+from .errors import (CacheError, DatasetNotFoundError, IntegrityError, PackError,
+                     RemoteError, ShardpackError)
 
 TEMP_MARK = ".tmp-"
 
@@ -153,6 +154,8 @@ class Storage:
             self.stats["requests"] += 1
             try:
                 return fn(*args, **kwargs)
+            except ShardpackError:  # decided already (a local failure, a changed file)
+                raise
             except Exception as exc:  # noqa: BLE001 - classified below
                 retry, after = classify(exc)
                 last = exc
@@ -163,9 +166,10 @@ class Storage:
                     break
                 self.stats["retries"] += 1
                 time.sleep(self.retry.delay(attempt, after))
-        cause = str(last) or ("no data within the per-request timeout of "
-                              f"{self.retry.timeout:g} s" if "Timeout" in type(last).__name__
-                              else "no details")
+        # fsspec turns every timeout into an empty FSTimeoutError: the cause has the words
+        cause = str(last) or str(last.__cause__ or "") or "no details"
+        if "Timeout" in type(last).__name__ or isinstance(last, TimeoutError):
+            cause += f" (per-request timeout {self.retry.timeout:g} s)"
         raise RemoteError(f"{what} failed after {attempt + 1} attempt(s): "
                           f"{type(last).__name__}: {cause}", path=self.display(name)) from last
 
@@ -229,6 +233,12 @@ class Storage:
 
     STREAM_MAX = 256 << 20  # download(): files up to this size come as one streamed request
 
+    @property
+    def _stream_options(self) -> dict:
+        """get_file options that keep a download one stream, written as it arrives: s3fs would
+        otherwise fetch an object over 50 MiB as 10 concurrent parts held in memory."""
+        return {"max_concurrency": 1} if self.protocol in ("s3", "s3a") else {}
+
     def download(self, name: str, dest: str, size: int, part_size: int = 16 << 20,
                  parallel: int = 4) -> None:
         """Copy one remote file into the local path ``dest``.  Up to STREAM_MAX bytes: one
@@ -238,15 +248,22 @@ class Storage:
         first: docs/remote.md, "Downloads"."""
         if size <= self.STREAM_MAX or parallel <= 1:
             def fetch():
-                self.fs.get_file(self.path(name), dest)
+                try:
+                    self.fs.get_file(self.path(name), dest, **self._stream_options)
+                except OSError as exc:
+                    if getattr(exc, "filename", None) == dest:  # writing here failed
+                        raise CacheError(f"cannot write a download: {exc.strerror or exc}",
+                                         path=dest) from exc
+                    raise
                 got = os.path.getsize(dest)
-                if got != size:
+                if got > size:
+                    raise IntegrityError(f"remote file is {got} bytes, the manifest says {size}",
+                                         path=self.display(name),
+                                         hint="was the dataset changed after packing?")
+                if got < size:
                     raise ShortReadError(f"{self.display(name)}: got {got} bytes, expected {size}")
 
-            try:
-                return self._call("download", name, fetch)
-            except FileNotFoundError:
-                raise DatasetNotFoundError("file is missing", path=self.display(name)) from None
+            return self._call("download", name, fetch)
         from concurrent.futures import ThreadPoolExecutor
 
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
