@@ -36,9 +36,9 @@ def __getattr__(name):
 __all__ = [
     "Batch",
     "BytesBatch",
+    "CacheError",
     "CpuDecode",
     "DatasetNotFoundError",
-    "CacheError",
     "DatasetReader",
     "DecodeError",
     "DeviceLoader",

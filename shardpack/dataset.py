@@ -348,6 +348,8 @@ class ShardDataset(IterableDataset):
         for pos, (gid, shard, row, rep) in enumerate(zip(ids.tolist(), shards.tolist(),
                                                          rows.tolist(), repeats.tolist())):
             running["yielded"] += 1
+            if fetcher is not None and pos == self.batch_size:
+                reader.drop_pieces()  # the fast start serves the first batch only
             if fetcher is not None and (pos % 64 == 0 or not fetcher.started) and \
                     not reader.has_pieces:
                 fetcher.reading(pos + 64)

@@ -242,10 +242,9 @@ class Storage:
     def download(self, name: str, dest: str, size: int, part_size: int = 16 << 20,
                  parallel: int = 4) -> None:
         """Copy one remote file into the local path ``dest``.  Up to STREAM_MAX bytes: one
-        streamed request through the backend's own ``get_file`` (written as it arrives; s3fs
-        splits a large object into concurrent ranged parts itself).  Bigger files: ``parallel``
-        ranged reads of ``part_size`` bytes at a time, each retried on its own.  Why streaming
-        first: docs/remote.md, "Downloads"."""
+        streamed request through the backend's own ``get_file``, written as it arrives.  Bigger
+        files: ``parallel`` ranged reads of ``part_size`` bytes at a time, each retried on its
+        own.  Why streaming first: docs/remote.md, "Downloads"."""
         if size <= self.STREAM_MAX or parallel <= 1:
             def fetch():
                 try:
