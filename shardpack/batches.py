@@ -230,23 +230,36 @@ class BytesBatch(NamedTuple):
         return [data[offsets[i]:offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)]
 
 
-def pack_bytes(items: Sequence[bytes], into: "Batch | None" = None) -> BytesBatch:
-    """Byte strings in one tensor.  With ``into`` (the batch they will travel in), from
-    INLINE_LIMIT bytes on they are copied once, straight into ``into.buffer`` (a slot of its
-    pool, or shared memory in a DataLoader worker) instead of joined, copied into a tensor and
-    copied again into shared memory when the batch is sent."""
-    offsets = np.zeros(len(items) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in items], out=offsets[1:])
+def pack_bytes(items: Sequence[bytes], into: "Batch | None" = None, *, offsets=None,
+               shared: bool | None = None) -> BytesBatch:
+    """Byte strings in one tensor (``offsets``: their int64 bounds, if already known).  With
+    ``into`` (the batch they will travel in), from SLOT_MIN bytes on they go into a leased slot
+    of its pool, and from INLINE_LIMIT on into memory that crosses processes cheaply when
+    ``shared`` (default: in a DataLoader worker), copied once; smaller ones travel inside the
+    pickle."""
+    if offsets is None:
+        offsets = np.zeros(len(items) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in items], out=offsets[1:])
     total = int(offsets[-1])
-    if into is not None and total >= INLINE_LIMIT:
-        data = into.buffer(total)
-        dst = memoryview(data.numpy())
+    data = into.buffer(total) if into is not None and into.pool is not None and \
+        total >= SLOT_MIN else None
+    if data is None and (into is None or total < INLINE_LIMIT):
+        joined = bytearray().join(items)
+        data = torch.frombuffer(joined, dtype=torch.uint8) if total else \
+            torch.empty(0, dtype=torch.uint8)
+        return BytesBatch(data, torch.from_numpy(offsets))
+    if data is None:
+        if shared is None:
+            from .torchenv import get_worker_info
+
+            shared = get_worker_info() is not None
+        data = new_buffer(total, shared)
+    dst = memoryview(data.numpy())
+    if total <= _JOIN_LIMIT:  # small items: one C-level join, then one copy
+        dst[:] = b"".join(items)
+    else:  # large ones: straight into place, no second copy
         for item, a, b in zip(items, offsets[:-1].tolist(), offsets[1:].tolist()):
             dst[a:b] = item
-        return BytesBatch(data, torch.from_numpy(offsets))
-    joined = b"".join(items)
-    data = torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined else \
-        torch.empty(0, dtype=torch.uint8)
     return BytesBatch(data, torch.from_numpy(offsets))
 
 
@@ -414,25 +427,10 @@ class Gatherer:
             if f in LABEL_FIELDS:
                 out[f] = torch.from_numpy(self._labels(f, plan, a, b, bufs))
                 continue
-            parts = _slices(srcs, starts, sizes)
             offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(sizes, out=offsets[1:])
-            total = int(offsets[-1])
-            data = out.buffer(total) if out.pool is not None and total >= SLOT_MIN else None
-            if data is None and total < INLINE_LIMIT:  # travels inside the pickle anyway
-                joined = bytearray().join(parts)
-                data = torch.frombuffer(joined, dtype=torch.uint8) if total else \
-                    torch.empty(0, dtype=torch.uint8)
-            else:
-                if data is None:
-                    data = new_buffer(total, self.shared)
-                dst = memoryview(data.numpy())
-                if total <= _JOIN_LIMIT:  # small items: one C-level join, then one copy
-                    dst[:] = b"".join(parts)
-                else:  # large ones: straight into place, no second copy
-                    for part, d, e in zip(parts, offsets[:-1].tolist(), offsets[1:].tolist()):
-                        dst[d:e] = part
-            out[f] = BytesBatch(data, torch.from_numpy(offsets))
+            out[f] = pack_bytes(_slices(srcs, starts, sizes), out, offsets=offsets,
+                                shared=self.shared)
         return out
 
     def _check(self, shards, rows, bufs) -> None:
@@ -476,18 +474,13 @@ class Gatherer:
             parsed = _parse_decimal(src, starts[mine], sizes[mine])
             if parsed is None:
                 try:
-                    parsed = _parse_ints(src, starts[mine], sizes[mine])
+                    parsed = _parse_ints(f, src, starts[mine], sizes[mine])
                 except ValueError:
                     if (shard, f) in bad:
-                        raise ValueError(f"field {f!r} holds a value that is not an integer, "
-                                         "or is missing from some samples") from None
+                        raise
                     bad.add((shard, f))  # somewhere in the stretch: this batch's rows only
                     mine = todo[shards[todo] == shard]
-                    try:
-                        parsed = _parse_ints(src, starts[mine], sizes[mine])
-                    except ValueError:
-                        raise ValueError(f"field {f!r} holds a value that is not an integer, "
-                                         "or is missing from some samples") from None
+                    parsed = _parse_ints(f, src, starts[mine], sizes[mine])
             labels[mine] = parsed
             memo = self.reader.labels.get((shard, f))
             if memo is None:
@@ -497,10 +490,15 @@ class Gatherer:
         return labels[a:b].copy()
 
 
-def _parse_ints(src: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def _parse_ints(field: str, src: np.ndarray, starts: np.ndarray,
+                sizes: np.ndarray) -> np.ndarray:
     """Labels that ``int()`` accepts (signs, surrounding whitespace); ValueError otherwise."""
-    return np.array([int(src[p:p + k].tobytes()) for p, k in
-                     zip(starts.tolist(), sizes.tolist())], dtype=np.int64)
+    try:
+        return np.array([int(src[p:p + k].tobytes()) for p, k in
+                         zip(starts.tolist(), sizes.tolist())], dtype=np.int64)
+    except ValueError:
+        raise ValueError(f"field {field!r} holds a value that is not an integer, "
+                         "or is missing from some samples") from None
 
 
 def by_shard(shards: np.ndarray):
