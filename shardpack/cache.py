@@ -89,7 +89,8 @@ class ShardCache:
     def open(self, dataset_url: str, shard: dict, download,
              wait: bool = True) -> CacheEntry | None:
         """The cached file of ``shard`` (a manifest entry), fetching it with ``download(path)``
-        when missing.  The caller must ``close()`` the entry when done reading.  With
+        when missing (which may return the content hash of what it wrote, else the file is
+        hashed here).  The caller must ``close()`` the entry when done reading.  With
         ``wait=False``, None instead of waiting while another process or thread fetches it (a
         prefetcher moves on to the next shard)."""
         path = self.entry_path(dataset_url, shard)
@@ -133,11 +134,11 @@ class ShardCache:
                     os.close(busy)
                 continue
             try:
-                download(tmp)
+                digest = download(tmp)  # the content hash when computed on the way, or None
                 if os.path.getsize(tmp) != shard["bytes"]:
                     raise IntegrityError(f"downloaded {os.path.getsize(tmp)} bytes, the "
                                          f"manifest says {shard['bytes']}", path=shard["name"])
-                if _file_hash(tmp) != shard["hash"]:
+                if (digest or _file_hash(tmp)) != shard["hash"]:
                     raise IntegrityError("downloaded shard does not match the manifest's hash",
                                          path=shard["name"])
                 # no fsync: a process re-hashes a cache file before its first use unless it

@@ -3,6 +3,7 @@ folder, S3, HTTP), faults through a misbehaving HTTP server, and the shared cach
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,8 +13,9 @@ import pytest
 
 import shardpack
 from shardpack import ShardDataset, open_dataset
+from shardpack import format as fmt
 from shardpack.cache import ShardCache
-from shardpack.errors import DatasetNotFoundError, RemoteError
+from shardpack.errors import DatasetNotFoundError, IntegrityError, RemoteError
 from shardpack.reader import DatasetReader
 from shardpack.storage import RetryPolicy, Storage
 
@@ -170,6 +172,31 @@ def test_corrupt_cached_shard_is_fetched_again(local_ds, http_server, tmp_path):
         got = {s["__key__"]: s["bin"] for s in ds}
         assert got == {k: s["bin"] for k, s in _expected(local_ds).items()}
         assert ds.reader.cache.stats["refetches"] >= 1
+
+
+def test_download_that_differs_from_the_manifest_never_enters_the_cache(local_ds, http_server,
+                                                                         tmp_path):
+    """A shard changed on the server (same size, one byte flipped) is refused by its hash as it
+    is downloaded: the error names the shard, nothing is published in the cache, no temp file
+    is left; the intact shards before it were served."""
+    served = tmp_path / "served"
+    shutil.copytree(local_ds, served)
+    data = bytearray((served / "shard-00002.tar").read_bytes())
+    data[700] ^= 0xFF
+    (served / "shard-00002.tar").write_bytes(bytes(data))
+    server = http_server(served)
+    cache = tmp_path / "cache"
+    ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=0)
+    got = []
+    with pytest.raises(IntegrityError, match=r"shard-00002.tar: downloaded shard does not match "
+                                             r"the manifest's hash"):
+        for sample in ds:
+            got.append(sample["__key__"])
+    assert got == list(_expected(local_ds))[:len(got)] and len(got) == 2 * N // 5
+    files = sorted(n for _, _, names in os.walk(cache) for n in names if n != ".lock")
+    assert sorted(n.split("-", 1)[1] for n in files if n.endswith(".tar")) == \
+        ["shard-00000.tar", "shard-00001.tar"]
+    assert not [n for n in files if ".tmp-" in n]
 
 
 def test_verified_stamp_spares_the_rehash_until_the_file_or_boot_changes(
@@ -334,7 +361,6 @@ def test_fast_start_bad_piece_falls_back_to_whole_shards(local_ds, http_server, 
     """A ranged read that fails its sample hash is an error naming the shard; the dataset then
     reads the usual way (whole verified shards) and yields every sample."""
     from shardpack import reader as reader_mod
-    from shardpack.errors import IntegrityError
 
     server = http_server(local_ds)
     reader = DatasetReader(server.url, cache_dir=tmp_path / "c1")
@@ -374,12 +400,14 @@ def test_download_streams_one_request_and_splits_large_files(local_ds, http_serv
     storage = Storage(server.url)
     name = "shard-00001.tar"
     data = (local_ds / name).read_bytes()
-    storage.download(name, str(tmp_path / "whole"), len(data))
+    # streamed over HTTP, the content hash comes back computed on the way
+    assert storage.download(name, str(tmp_path / "whole"), len(data)) == fmt.content_hash(data)
     assert (tmp_path / "whole").read_bytes() == data
     gets = [e for e in server.requests(name) if e["method"] == "GET"]
     assert [e["range"] for e in gets] == [""]  # one GET, no Range header
     monkeypatch.setattr(Storage, "STREAM_MAX", 1000)
-    storage.download(name, str(tmp_path / "parts"), len(data), part_size=4096, parallel=3)
+    assert storage.download(name, str(tmp_path / "parts"), len(data), part_size=4096,
+                            parallel=3) is None  # parts arrive out of order: the caller hashes
     assert (tmp_path / "parts").read_bytes() == data
     ranged = [e for e in server.requests(name)[len(gets):] if e["method"] == "GET"]
     assert len(ranged) == -(-len(data) // 4096) and all(e["status"] == 206 for e in ranged)
@@ -428,7 +456,7 @@ def test_whole_file_download_faults(local_ds, fault_server, monkeypatch, tmp_pat
     reset mid-body are retried and end byte-exact; 404 is one request and names the URL; a
     remote file larger than the manifest says is an IntegrityError, not retried; a local write
     failure is a CacheError naming the local path, not blamed on the remote."""
-    from shardpack.errors import CacheError, IntegrityError
+    from shardpack.errors import CacheError
 
     _fast_retry(monkeypatch)
     name = "shard-00003.tar"
@@ -448,6 +476,10 @@ def test_whole_file_download_faults(local_ds, fault_server, monkeypatch, tmp_pat
     assert server.requests_for(name) == before + 1
     with pytest.raises(CacheError, match=r"/nowhere/d: cannot write a download"):
         storage.download(name, str(tmp_path / "nowhere" / "d"), len(data))
+    before = server.requests_for(name)  # a disk that fills up mid-download: one request
+    with pytest.raises(CacheError, match=r"/dev/full: cannot write a download: No space left"):
+        storage.download(name, "/dev/full", len(data))
+    assert server.requests_for(name) == before + 1
     server.set_mode(status=404, only=[name])
     before = server.requests_for(name)
     with pytest.raises(DatasetNotFoundError, match=rf"{server.url}/{name}: file is missing"):
@@ -465,6 +497,6 @@ def test_s3_download_is_one_stream(s3_server, local_ds, tmp_path):
     data = (local_ds / name).read_bytes()
     storage.fs.default_block_size = 1024  # the shard is "large" for s3fs now
     before = s3_server.requests_for(f"{bucket}/ds/{name}", "GET")
-    storage.download(name, str(tmp_path / "s"), len(data))
-    assert (tmp_path / "s").read_bytes() == data
+    assert storage.download(name, str(tmp_path / "s"), len(data)) is None  # s3fs wants a path:
+    assert (tmp_path / "s").read_bytes() == data                           # the cache hashes it
     assert s3_server.requests_for(f"{bucket}/ds/{name}", "GET") == before + 1
