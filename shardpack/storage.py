@@ -253,14 +253,11 @@ class Storage:
                 digest = None
                 try:
                     if self.protocol in ("http", "https"):  # get_file writes into an open file
-                        with open(dest, "wb") as out:       # (s3fs's wants a path)
-                            sink = _HashingSink(out, dest)
-                            self.fs.get_file(self.path(name), sink, **self._stream_options)
-                        digest = sink.hexdigest()
+                        digest = self._get_hashed(name, dest)  # (s3fs's wants a path)
                     else:
                         self.fs.get_file(self.path(name), dest, **self._stream_options)
                 except OSError as exc:
-                    if isinstance(exc, ShardpackError):
+                    if isinstance(exc, ShardpackError):  # a CacheError is an OSError too
                         raise
                     if getattr(exc, "filename", None) == dest:  # writing here failed
                         raise _cache_error(dest, exc) from exc
@@ -289,6 +286,28 @@ class Storage:
                 list(pool.map(part, range(0, size, part_size)))
         finally:
             os.close(fd)
+
+    def _get_hashed(self, name: str, dest: str) -> str:
+        """One streamed ``get_file`` into ``dest`` through a hashing sink; the content hash.
+        Every local failure (open, a write, the last flush at close) is a CacheError."""
+        try:
+            out = open(dest, "wb")
+        except OSError as exc:
+            raise _cache_error(dest, exc) from exc
+        try:
+            sink = _HashingSink(out, dest)
+            self.fs.get_file(self.path(name), sink, **self._stream_options)
+            try:
+                out.close()  # writes what is still buffered
+            except OSError as exc:
+                raise _cache_error(dest, exc) from exc
+        finally:
+            if not out.closed:
+                try:
+                    out.close()
+                except OSError:
+                    pass  # the error on its way out is the one to report
+        return sink.hexdigest()
 
     @contextmanager
     def open(self, name: str, mode: str = "rb"):
