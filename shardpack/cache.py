@@ -67,8 +67,7 @@ class ShardCache:
         os.makedirs(self.root, exist_ok=True)
         self._verified: set[tuple[str, int, int]] = set()  # (path, size, mtime) hashed here
         self.stats = {"hits": 0, "downloads": 0, "refetches": 0, "evictions": 0, "waits": 0,
-                      "busy": 0,
-                      "rehashed": 0, "stamped": 0}
+                      "busy": 0, "rehashed": 0, "stamped": 0}
 
     # -- locking ------------------------------------------------------------------------------
     @contextmanager
