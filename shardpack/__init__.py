@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
+    BrokenImageError,
     CacheError,
     DatasetNotFoundError,
     DecodeError,
@@ -35,6 +36,7 @@ def __getattr__(name):
 
 __all__ = [
     "Batch",
+    "BrokenImageError",
     "BytesBatch",
     "CacheError",
     "CpuDecode",

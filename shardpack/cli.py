@@ -89,10 +89,16 @@ def _shard_options(fn):
                           "(never upscales), once, at pack time."),
         click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
                      help="JPEG/WebP quality when --resize re-encodes."),
+        click.option("--check", type=click.Choice(["none", "quick", "full"]), default="quick",
+                     show_default=True,
+                     help="Image check while packing. quick: headers and end markers, no "
+                          "decode (empty files, HTML saved as .png, truncated images); full: "
+                          "also decode every image with Pillow (slower); none: no check."),
         click.option("--skip-bad", is_flag=True,
                      help="Skip and count bad entries (special files, broken or outside links, "
-                          "unreadable or changing files, corrupt images with --resize, bad "
-                          "samples of a converted source) instead of stopping at the first."),
+                          "unreadable or changing files, broken images, two images with one "
+                          "key, bad samples of a converted source) instead of stopping at the "
+                          "first."),
         click.option("--resume", is_flag=True,
                      help="Continue an interrupted run into OUT: keeps complete shards, redoes "
                           "the rest."),
@@ -119,20 +125,33 @@ def _report(summary) -> None:
 @click.option("--layout", type=click.Choice(["auto", "imagefolder", "files"]), default="auto",
               show_default=True, help="imagefolder: class subfolders add an integer field `cls`; "
               "auto picks it when every top-level entry is a folder.")
+@click.option("--group", type=click.Choice(["auto", "image", "webdataset"]), default="auto",
+              show_default=True,
+              help="How files make samples. image: each image file is one sample, key = its "
+                   "path without the last extension (dots kept), same-stem files join it as "
+                   "fields, other files are ignored and counted; webdataset: key = path up to "
+                   "the first dot of the name (0001.jpg + 0001.seg.png). auto: image for "
+                   "ImageFolder trees, webdataset otherwise.")
 @_shard_options
 def pack(src, out, storage_options, shard_format, shard_size, max_samples, compression,
-         zstd_level, workers, resize, quality, layout, skip_bad, resume, overwrite, quiet):
+         zstd_level, workers, resize, quality, layout, group, check, skip_bad, resume, overwrite,
+         quiet):
     """Pack the files under SRC into shards at OUT.
 
-    SRC is a folder (an ImageFolder tree or any tree of files grouped by name:
-    `a/0001.jpg` + `a/0001.json` = one sample with key `a/0001`) or a .csv/.jsonl
-    listing with a `path` column. OUT must be empty unless --resume or --overwrite.
+    SRC is a folder or a .csv/.jsonl listing with a `path` column. In an ImageFolder tree
+    (class folders) every image file is one sample (`cat/IMG_2019.01.05.JPEG` -> key
+    `cat/IMG_2019.01.05`, field `JPEG`, plus `cls`), with sidecars such as
+    `cat/IMG_2019.01.05.json`. Other trees group WebDataset-style: `a/0001.jpg` +
+    `a/0001.json` = one sample with key `a/0001`. OUT must be empty unless --resume or
+    --overwrite; OUT inside SRC is left out of the walk. Broken images stop the pack
+    (see --check, --skip-bad) and nothing is published.
     """
     from .pack import pack as run_pack
 
     summary = run_pack(src, out, format=shard_format, shard_size=shard_size,
                        max_samples=max_samples, compression=compression, zstd_level=zstd_level,
                        resize=resize, quality=quality, skip_bad=skip_bad, layout=layout,
+                       group=group, check=check,
                        workers=workers, resume=resume, overwrite=overwrite,
                        progress=not quiet and sys.stderr.isatty(),
                        storage_options=_parse_options(storage_options))
@@ -154,10 +173,14 @@ CONVERT_FROM = ["auto", "webdataset", "mds", "litdata", "parquet", "imagefolder"
               help="Accept pickle-encoded columns (MDS `pkl`, LitData `pickle`) and carry their "
                    "bytes unchanged. Refused by default: unpickling them later runs code from "
                    "the file.")
+@click.option("--label-column", default=None, metavar="NAME",
+              help="Parquet only: the column NAME becomes the class label field `cls` "
+                   "(integers as they are; strings as their index among the sorted distinct "
+                   "values, which become the manifest's classes).")
 @_shard_options
-def convert(src, out, from_, allow_pickle, storage_options, shard_format, shard_size,
-            max_samples, compression, zstd_level, workers, resize, quality, skip_bad, resume,
-            overwrite, quiet):
+def convert(src, out, from_, allow_pickle, label_column, storage_options, shard_format,
+            shard_size, max_samples, compression, zstd_level, workers, resize, quality, check,
+            skip_bad, resume, overwrite, quiet):
     """Convert a WebDataset, MDS, LitData, Parquet/Hugging Face, ImageFolder or CSV/JSONL
     dataset at SRC into a shardpack dataset at OUT.
 
@@ -173,11 +196,13 @@ def convert(src, out, from_, allow_pickle, storage_options, shard_format, shard_
     """
     from .convert import convert as run_convert
 
-    summary = run_convert(src, out, from_=from_, allow_pickle=allow_pickle, format=shard_format,
+    summary = run_convert(src, out, from_=from_, allow_pickle=allow_pickle,
+                          label_column=label_column, format=shard_format,
                           shard_size=shard_size, max_samples=max_samples,
                           compression=compression, zstd_level=zstd_level, resize=resize,
-                          quality=quality, skip_bad=skip_bad, workers=workers, resume=resume,
-                          overwrite=overwrite, progress=not quiet and sys.stderr.isatty(),
+                          quality=quality, skip_bad=skip_bad, check=check, workers=workers,
+                          resume=resume, overwrite=overwrite,
+                          progress=not quiet and sys.stderr.isatty(),
                           storage_options=_parse_options(storage_options))
     _report(summary)
 
@@ -215,6 +240,8 @@ def info(dataset, as_json, storage_options):
     m = DatasetReader(dataset, _parse_options(storage_options)).manifest
     summary = {k: v for k, v in m.items() if k != "shards"}
     summary["dataset"] = dataset
+    summary["index_bytes"] = sum(s["index_bytes"] for s in m["shards"])
+    summary["index_bytes_per_sample"] = summary["index_bytes"] / max(1, m["num_samples"])
     if as_json:
         click.echo(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False))
         return
@@ -222,30 +249,39 @@ def info(dataset, as_json, storage_options):
     rows = [
         ("dataset", f"{dataset} (shardpack format v{m['version']})"),
         ("format", f"{m['shard_format']}, compression {m['compression']}"),
-        ("samples", f"{m['num_samples']:,} in {m['num_shards']} shards"),
+        ("samples", f"{m['num_samples']:,} in {m['num_shards']} "
+                    f"shard{'' if m['num_shards'] == 1 else 's'}"),
         ("bytes", f"{m['num_bytes']:,} ({m['num_bytes'] / 1e6:,.1f} MB)"),
         ("fields", ", ".join(m["fields"])),
         ("classes", f"{len(classes)}: " + ", ".join(classes[:20]) +
          (", ..." if len(classes) > 20 else "") if classes else "none"),
     ]
+    index_bytes = sum(s["index_bytes"] for s in m["shards"])
+    rows.append(("index", f"{index_bytes / max(1, m['num_samples']):,.1f} bytes per sample "
+                          f"({index_bytes / 1e6:,.1f} MB)"))
     if m.get("skipped"):
         rows.append(("skipped", ", ".join(f"{v} {k}" for k, v in m["skipped"].items())))
+    if m.get("ignored"):
+        rows.append(("ignored", f"{m['ignored']:,} files neither images nor sidecars"))
     for name, value in rows:
         click.echo(f"{name:<9} {value}")
 
 
 @main.command()
 @click.argument("dataset")
+@click.option("--decode", is_flag=True,
+              help="Also decode every image field in full (Pillow): names images that are "
+                   "complete files but corrupt inside. Slower: a few ms per image.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @storage_option
-def verify(dataset, quiet, storage_options):
+def verify(dataset, decode, quiet, storage_options):
     """Re-hash every shard and index and check every record of DATASET.
 
     Exits 0 when all is well, 1 after listing each bad shard or sample."""
     from .verify import verify as run_verify
 
     report = run_verify(dataset, _parse_options(storage_options),
-                        progress=not quiet and sys.stderr.isatty())
+                        progress=not quiet and sys.stderr.isatty(), decode=decode)
     for problem in report.problems:
         click.echo(f"BAD {problem}")
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"

@@ -130,25 +130,30 @@ def _index_kind(data: bytes) -> str | None:
 
 
 def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
-            format: str = "tar", shard_size="256MB", max_samples: int | None = None,
-            compression: str = "none", zstd_level: int = 3, resize: int | None = None,
-            quality: int = 90, skip_bad: bool = False, workers: int | None = None,
-            resume: bool = False, overwrite: bool = False, executor=None,
-            progress: bool = False, storage_options: dict | None = None) -> PackSummary:
+            label_column: str | None = None, format: str = "tar", shard_size="256MB",
+            max_samples: int | None = None, compression: str = "none", zstd_level: int = 3,
+            resize: int | None = None, quality: int = 90, skip_bad: bool = False,
+            check: str = "quick", workers: int | None = None, resume: bool = False,
+            overwrite: bool = False, executor=None, progress: bool = False,
+            storage_options: dict | None = None) -> PackSummary:
     """Convert a dataset in another format (``from_``: one of :data:`FORMATS`, or ``"auto"``)
     into a shardpack dataset at ``out``; the options are those of :func:`shardpack.pack`.
 
     ``storage_options`` apply to both SRC and OUT.  Pickle-encoded columns (MDS ``pkl``,
     LitData's pickle serializer) are refused unless ``allow_pickle``: unpickling runs code from
-    the file."""
+    the file.  ``label_column`` (Parquet sources only) names a column that becomes the class
+    label field ``cls`` (docs/convert.md)."""
     src = os.fspath(src)
     name = detect_format(src, storage_options) if from_ in (None, "auto") else from_
     if name not in FORMATS:
         raise SourceError(f"unknown --from format {name!r}: expected one of {FORMATS}")
+    if label_column is not None and name != "parquet":
+        raise SourceError(f"--label-column is only for Parquet sources (this source is {name})",
+                          path=src)
     common = dict(format=format, shard_size=shard_size, max_samples=max_samples,
                   compression=compression, zstd_level=zstd_level, resize=resize,
-                  quality=quality, skip_bad=skip_bad, workers=workers, resume=resume,
-                  overwrite=overwrite, executor=executor, progress=progress,
+                  quality=quality, skip_bad=skip_bad, check=check, workers=workers,
+                  resume=resume, overwrite=overwrite, executor=executor, progress=progress,
                   storage_options=storage_options)
     if name in PACK_FORMATS:
         if name == "imagefolder":
@@ -160,11 +165,12 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
         return pack(src, out, **common)
     options = make_options(format=format, shard_size=shard_size, max_samples=max_samples,
                            compression=compression, zstd_level=zstd_level, resize=resize,
-                           quality=quality, skip_bad=skip_bad, layout=name)
+                           quality=quality, skip_bad=skip_bad, layout=name, check=check)
+    extra = {"label_column": label_column} if label_column is not None else {}
     source = source_class(name)(src, storage_options=storage_options, skip_bad=skip_bad,
-                                allow_pickle=allow_pickle)
+                                allow_pickle=allow_pickle, **extra)
     origin = {"source": os.path.abspath(src) if source.storage.local else src, "from": name,
-              "allow_pickle": allow_pickle}
+              "allow_pickle": allow_pickle, **extra}
     return pack_source(source, out, options, origin=origin, workers=workers, resume=resume,
                        overwrite=overwrite, executor=executor, progress=progress,
                        storage_options=storage_options, source_options=storage_options)

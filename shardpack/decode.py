@@ -93,35 +93,45 @@ def _flip(rnd: _Random | None, opts: CropOptions) -> bool:
 
 
 def decode_image(data, opts: CropOptions, rnd: _Random | None = None) -> np.ndarray:
-    """One image -> uint8 ``[size, size, 3]``, the fast way."""
+    """One image -> uint8 ``[size, size, 3]``, the fast way.  JPEGs (found by their magic bytes,
+    whatever the field name) decode with simplejpeg at a reduced DCT scale; CMYK/YCCK JPEGs, JPEGs
+    simplejpeg refuses and every other format decode whole with :func:`images.decode_rgb` (same RGB
+    rules as :func:`reference_decode`).  The crop box is drawn once, from the header's size when
+    there is one, so a fallback decode crops exactly as the fast path would have."""
+    from .images import check_size, decode_rgb
+
+    crop = box = None
     if bytes(data[:2]) == JPEG_MAGIC:
         import simplejpeg
 
         try:
-            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-            top, left, ch, cw = crop_box(height, width, opts, rnd)
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError:
+            colorspace = None  # decode_rgb below says what is wrong
+        if colorspace is not None:
+            check_size(width, height)
+            box = top, left, ch, cw = crop_box(height, width, opts, rnd)
+        if colorspace not in (None, "CMYK", "YCCK"):  # libjpeg-turbo's RGB output is right
             factor = 1
             while factor < 8 and min(ch, cw) >= 2 * factor * opts.size:
                 factor *= 2
-            pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True,
-                                            fastupsample=True, min_height=-(-height // factor),
-                                            min_width=-(-width // factor))
-        except ValueError as exc:
-            raise DecodeError(f"cannot decode JPEG: {exc}") from None
-        sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
-        y0, x0 = int(round(top * sy)), int(round(left * sx))
-        y1 = max(y0 + 1, min(pixels.shape[0], int(round((top + ch) * sy))))
-        x1 = max(x0 + 1, min(pixels.shape[1], int(round((left + cw) * sx))))
-        crop = pixels[y0:y1, x0:x1]
-    else:
-        from PIL import Image
-
-        try:
-            image = Image.open(io.BytesIO(data))
-            pixels = np.asarray(image.convert("RGB"))
-        except Exception as exc:  # Pillow raises many types for bad data
-            raise DecodeError(f"cannot decode image: {exc}") from None
-        top, left, ch, cw = crop_box(pixels.shape[0], pixels.shape[1], opts, rnd)
+            try:
+                pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True,
+                                                fastupsample=True, min_height=-(-height // factor),
+                                                min_width=-(-width // factor))
+            except ValueError:
+                pixels = None  # e.g. a recoverable libjpeg warning: Pillow may still decode it
+            if pixels is not None:
+                sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
+                y0, x0 = int(round(top * sy)), int(round(left * sx))
+                y1 = max(y0 + 1, min(pixels.shape[0], int(round((top + ch) * sy))))
+                x1 = max(x0 + 1, min(pixels.shape[1], int(round((left + cw) * sx))))
+                crop = pixels[y0:y1, x0:x1]
+    if crop is None:
+        pixels = decode_rgb(data)  # raises DecodeError naming what is wrong
+        if box is None or pixels.shape[:2] != (height, width):
+            box = crop_box(pixels.shape[0], pixels.shape[1], opts, rnd)
+        top, left, ch, cw = box
         crop = pixels[top:top + ch, left:left + cw]
     out = _resize(crop, opts.size)
     return out[:, ::-1] if _flip(rnd, opts) else out
@@ -140,14 +150,80 @@ def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
 
 def reference_decode(data: bytes, opts: CropOptions, rnd: _Random | None = None) -> np.ndarray:
     """The straightforward Pillow pipeline (full decode, crop, resize): what the fast path must
-    match within a tested tolerance."""
+    match within a tested tolerance.  Pixels go through the same RGB rules as decode_image
+    (:func:`images.rgb_array`: 16-bit high byte, palette lookup, alpha dropped, CMYK by Pillow)."""
     from PIL import Image
 
-    image = Image.open(io.BytesIO(data)).convert("RGB")
+    from .images import rgb_array
+
+    with Image.open(io.BytesIO(bytes(data))) as source:
+        source.load()
+        image = Image.fromarray(rgb_array(source))
     top, left, ch, cw = crop_box(image.height, image.width, opts, rnd)
     out = np.asarray(image.crop((left, top, left + cw, top + ch)).resize(
         (opts.size, opts.size), Image.Resampling.BILINEAR))
     return out[:, ::-1] if _flip(rnd, opts) else out
+
+
+def _image_fields(batch: dict, field: str | None) -> list:
+    """Pop the image field(s) of a batch: ``[(name, BytesBatch)]``.  ``field`` None finds them
+    by name (:func:`shardpack.images.is_image_field`): a batch of mixed formats has several
+    (``jpg``, ``JPEG``, ``png``), each sample holding exactly one, the others empty."""
+    from .images import is_image_field
+
+    names = [field] if field is not None else [n for n in batch if is_image_field(n)]
+    if not names:
+        have = ", ".join(n for n in batch if not n.startswith("__"))
+        raise DecodeError(f"no image field in the batch (fields: {have}); name one with "
+                          "field=...")
+    if field is not None and field not in batch:
+        raise DecodeError(f"no field {field!r} in the batch (fields: "
+                          f"{', '.join(n for n in batch if not n.startswith('__'))})")
+    return [(name, batch.pop(name)) for name in names]
+
+
+def image_items(batch: dict, field: str | None):
+    """Pop a batch's image bytes (:func:`_image_fields`); returns ``image_of(i)``, sample i's
+    image as a bytes-like, which raises :class:`DecodeError` for a sample with no image field or
+    with two."""
+    parts = [(name, items.data.numpy(), items.offsets.numpy())
+             for name, items in _image_fields(batch, field)]
+    if len(parts) == 1:
+        _, raw, offsets = parts[0]
+        return lambda i: raw[offsets[i]:offsets[i + 1]]
+
+    def image_of(i: int):
+        found = [(name, raw[offsets[i]:offsets[i + 1]]) for name, raw, offsets in parts
+                 if offsets[i + 1] > offsets[i]]
+        if len(found) != 1:
+            raise DecodeError("sample has no image field" if not found else
+                              f"sample has {len(found)} image fields "
+                              f"({', '.join(n for n, _ in found)}): choose one with field=...")
+        return found[0][1]
+
+    return image_of
+
+
+def image_batch(batch: dict, field: str | None):
+    """Pop a batch's image bytes as one :class:`~shardpack.batches.BytesBatch` (the GPU path).
+    With several image fields, each sample's one non-empty image is copied into a new batch; a
+    sample with none or two gets an empty item, which fails its decode."""
+    from .batches import BytesBatch
+    from .torchenv import torch
+
+    parts = _image_fields(batch, field)
+    if len(parts) == 1:
+        return parts[0][1]
+    count = len(parts[0][1])
+    chosen = []
+    for i in range(count):
+        found = [items.data[int(items.offsets[i]):int(items.offsets[i + 1])]
+                 for _, items in parts if int(items.offsets[i + 1]) > int(items.offsets[i])]
+        chosen.append(found[0] if len(found) == 1 else torch.empty(0, dtype=torch.uint8))
+    offsets = torch.zeros(count + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor([len(c) for c in chosen], dtype=torch.int64), 0)
+    return BytesBatch(torch.cat(chosen) if chosen else torch.empty(0, dtype=torch.uint8),
+                      offsets)
 
 
 HEAD_START_WAIT = 1.0  # seconds a worker waits at most for worker 0's first batch
@@ -165,7 +241,7 @@ class CpuDecode:
     HEAD_START_WAIT seconds), so the first batch arrives in about the time of one batch on all
     cores instead of after every worker's first batch at once (docs/device.md, "First batch")."""
 
-    def __init__(self, size: int = 224, *, train: bool = True, field: str = "jpg",
+    def __init__(self, size: int = 224, *, train: bool = True, field: str | None = None,
                  seed: int = 0, flip: bool = True, on_error: str = "raise",
                  head_start: bool = True):
         self.opts = CropOptions(size=size, train=train, flip=flip, seed=seed)
@@ -206,15 +282,14 @@ class CpuDecode:
         from .batches import Batch
         from .torchenv import torch
 
-        items = batch.pop(self.field)
-        count = len(items)
+        image_of = image_items(batch, self.field)
+        count = len(batch["__index__"])
         size = self.opts.size
         nbytes = count * size * size * 3
         data = batch.buffer(nbytes) if isinstance(batch, Batch) else Batch().buffer(nbytes)
         images = data.numpy().reshape(count, size, size, 3)
         bad = np.zeros(count, dtype=bool)
         ids = batch["__index__"].tolist()
-        raw, offsets = items.data.numpy(), items.offsets.tolist()
 
         failed: list[tuple[int, str]] = []  # (sample, message): the first bad one is raised
 
@@ -222,7 +297,7 @@ class CpuDecode:
             for i in part:
                 rnd = _Random(self.opts.seed, self.epoch, ids[i]) if self.opts.train else None
                 try:
-                    images[i] = decode_image(raw[offsets[i]:offsets[i + 1]], self.opts, rnd)
+                    images[i] = decode_image(image_of(i), self.opts, rnd)
                 except DecodeError as exc:
                     if self.on_error != "skip":
                         failed.append((i, exc.message))

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from .batches import BytesBatch
-from .decode import CropOptions, DecodeError, _flip, _Random, crop_box, decode_image
+from .decode import CropOptions, DecodeError, _flip, _Random, crop_box, decode_image, image_batch
 from .torchenv import torch
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -33,7 +33,7 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 class DeviceLoader:
     def __init__(self, loader, device="cpu", decode: str | None = None, prefetch: int = 2, *,
-                 size: int = 224, train: bool = True, field: str = "jpg", seed: int = 0,
+                 size: int = 224, train: bool = True, field: str | None = None, seed: int = 0,
                  normalize: bool = True, dtype=torch.float32):
         if decode not in (None, "cpu", "gpu"):
             raise ValueError(f"decode must be None, 'cpu' or 'gpu', got {decode!r}")
@@ -147,7 +147,8 @@ class DeviceLoader:
             return _move(batch, self.device)
         if self.decode == "gpu":
             batch = dict(batch)
-            batch["image"] = self._gpu_decode(batch.pop(self.field), batch["__index__"].tolist())
+            batch["image"] = self._gpu_decode(image_batch(batch, self.field),
+                                              batch["__index__"].tolist())
         elif self.decode == "cpu" and "image" not in batch:
             raise ValueError("decode='cpu' expects decoded images from the workers: pass "
                              "decode=shardpack.CpuDecode() to ShardDataset(..., batched=True)")

@@ -62,6 +62,10 @@ class SourceError(ShardpackError, ValueError):
     """An input file or listing cannot be packed as it is (special file, link outside, bad row)."""
 
 
+class BrokenImageError(SourceError):
+    """An image file that is empty, not the image its extension says, or truncated."""
+
+
 class PackError(ShardpackError, RuntimeError):
     """Packing failed for a reason outside the input (disk full, resume mismatch, worker died)."""
 
@@ -88,6 +92,7 @@ class UnsafePathError(ShardpackError, ValueError):
 
 
 __all__ = [
+    "BrokenImageError",
     "CacheError",
     "DatasetNotFoundError",
     "DecodeError",

@@ -246,8 +246,6 @@ def _next_record(reader, samples, upper: set) -> bytes | None:
     shard, sample = item
     key = sample[fmt.KEY_FIELD]
     why = fmt.unsafe_name_reason(key)
-    if why is None and "." in key.rsplit("/", 1)[-1]:
-        why = "has a dot in its last part (WebDataset readers split key and field at that dot)"
     if why:
         raise ShardpackError(f"sample key cannot be a tar member name: {why}",
                              path=reader.shard_path(shard), key=key)
@@ -257,7 +255,7 @@ def _next_record(reader, samples, upper: set) -> bytes | None:
             continue
         if name != name.lower():
             upper.add(name)
-        parts += [fmt.tar_header(f"{key}.{name}", len(data)), data,
+        parts += [fmt.tar_header(fmt.tar_member_name(key, name), len(data)), data,
                   bytes(fmt.tar_padding(len(data)))]
     return b"".join(parts)
 

@@ -26,7 +26,8 @@ import xxhash
 
 from .errors import FormatError, IntegrityError, VersionError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)  # version 1: dense per-shard field table in the index (docs/format.md)
 MANIFEST_NAME = "shardpack.json"
 MANIFEST_FORMAT = "shardpack"
 HASH_NAME = "xxh3-128"
@@ -92,6 +93,18 @@ def check_field_name(field: str) -> str | None:
     if "/" in field or "\x00" in field:
         return f"field name {field!r} contains '/' or NUL"
     return None
+
+
+def tar_member_name(key: str, field: str) -> str:
+    """The tar member name of ``field`` of sample ``key``: ``<key>.<field>``, except that a
+    '.' or '%' in the key's last part is written ``%2E`` / ``%25``.  WebDataset readers (the
+    webdataset library, Hugging Face ``datasets``) split a member name at the first dot of its
+    last part; escaping keeps ``IMG_2019.01.05`` one sample for them.  shardpack reads keys from
+    its index, so its readers give back the original names."""
+    head, slash, last = key.rpartition("/")
+    if "." in last or "%" in last:
+        last = last.replace("%", "%25").replace(".", "%2E")
+    return f"{head}{slash}{last}.{field}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,9 +289,9 @@ def check_msgpack_file_header(data: bytes, path: str | None = None) -> None:
     if magic != MSGPACK_MAGIC:
         raise FormatError(f"not a shardpack msgpack shard (magic {magic!r}, expected "
                           f"{MSGPACK_MAGIC!r})", path=path, offset=0)
-    if version != FORMAT_VERSION:
-        raise VersionError(f"unsupported shard version: expected {FORMAT_VERSION}, found {version}",
-                           path=path, offset=0)
+    if version not in READ_VERSIONS:
+        raise VersionError(f"unsupported shard version: expected one of {READ_VERSIONS}, found "
+                           f"{version}", path=path, offset=0)
 
 
 _packb = msgpack.Packer(use_bin_type=True).pack
@@ -345,6 +358,7 @@ def decode_payload(raw: bytes, max_fields: int) -> dict:
 INDEX_MAGIC = b"SPKINDEX"
 INDEX_HEADER = struct.Struct("<8sIBBHQIIQ16sQQ")  # 72 bytes, see docs/format.md
 INDEX_TRAILER = struct.Struct("<Q")
+INDEX_WIDE = 1  # header flags (v2): entry offsets and sizes are u64; else u32 (all < 2^32)
 _FORMAT_CODE = {"tar": 0, "msgpack": 1}
 _COMPRESSION_CODE = {"none": 0, "zstd": 1}
 
@@ -367,6 +381,11 @@ class ShardIndex:
     field_sizes: np.ndarray    # uint64[n, F]
     key_offsets: np.ndarray    # uint64[n+1] into key_blob
     key_blob: bytes
+    version: int = FORMAT_VERSION
+
+    def member_name(self, key: str, field: str) -> str:
+        """The tar member name this shard holds for ``field`` of ``key``."""
+        return tar_member_name(key, field) if self.version >= 2 else f"{key}.{field}"
 
     @property
     def num_samples(self) -> int:
@@ -419,20 +438,38 @@ def encode_index(*, shard_format: str, compression: str, shard_bytes: int, shard
                  raw_sizes: Sequence[int], sample_hashes: Sequence[int],
                  field_offsets: np.ndarray, field_sizes: np.ndarray,
                  keys: Iterable[str]) -> bytes:
+    """Version 2: the fields each sample has are listed sparsely (CSR: per sample a run of
+    (field number, offset, size) entries), so the index grows with the fields a sample has, not
+    with the number of distinct field names in the shard.  ``field_offsets`` / ``field_sizes``
+    come dense, ``[n, len(fields)]``, MISSING where a sample lacks a field."""
     n = len(raw_sizes)
     names = b"".join(struct.pack("<H", len(f.encode())) + f.encode() for f in fields)
     names += bytes(-len(names) % 8)
     key_bytes = [k.encode("utf-8", "surrogateescape") for k in keys]
     key_offsets = np.zeros(n + 1, dtype="<u8")
     np.cumsum([len(k) for k in key_bytes], out=key_offsets[1:])
+    offsets = np.asarray(field_offsets, dtype="<u8").reshape(n, len(fields))
+    sizes = np.asarray(field_sizes, dtype="<u8").reshape(n, len(fields))
+    rows, cols = np.nonzero(offsets != MISSING)  # row-major: each sample's fields in order
+    field_index = np.zeros(n + 1, dtype="<u8")
+    np.cumsum(np.bincount(rows, minlength=n), out=field_index[1:])
+    entry_offsets, entry_sizes = offsets[rows, cols], sizes[rows, cols]
+    wide = bool(len(rows)) and int(max(entry_offsets.max(), entry_sizes.max())) >> 32 != 0
+    width = "<u8" if wide else "<u4"  # u32 entries unless a field lies past 4 GiB
     header = INDEX_HEADER.pack(INDEX_MAGIC, FORMAT_VERSION, _FORMAT_CODE[shard_format],
-                               _COMPRESSION_CODE[compression], 0, n, len(fields), len(names),
-                               shard_bytes, shard_hash, plan_digest, skipped)
+                               _COMPRESSION_CODE[compression], INDEX_WIDE if wide else 0, n,
+                               len(fields), len(names), shard_bytes, shard_hash, plan_digest,
+                               skipped)
+
+    def padded(a: np.ndarray) -> bytes:
+        raw = a.tobytes()
+        return raw + bytes(-len(raw) % 8)
+
     arrays = [np.asarray(starts, dtype="<u8"), np.asarray(raw_sizes, dtype="<u8"),
-              np.asarray(sample_hashes, dtype="<u8"),
-              np.asarray(field_offsets, dtype="<u8").reshape(-1),
-              np.asarray(field_sizes, dtype="<u8").reshape(-1), key_offsets]
-    body = header + names + b"".join(a.tobytes() for a in arrays) + b"".join(key_bytes)
+              np.asarray(sample_hashes, dtype="<u8"), field_index,
+              entry_offsets.astype(width), entry_sizes.astype(width), cols.astype("<u2"),
+              key_offsets]
+    body = header + names + b"".join(padded(a) for a in arrays) + b"".join(key_bytes)
     return body + INDEX_TRAILER.pack(xxhash.xxh3_64_intdigest(body))
 
 
@@ -441,13 +478,13 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
     size = len(buf)
     if size < INDEX_HEADER.size + INDEX_TRAILER.size:
         raise FormatError(f"index is {size} bytes, too short", path=path)
-    (magic, version, fmt, comp, _, n, nfields, names_len, shard_bytes, shard_hash,
+    (magic, version, fmt, comp, flags, n, nfields, names_len, shard_bytes, shard_hash,
      plan_digest, skipped) = INDEX_HEADER.unpack_from(buf)
     if magic != INDEX_MAGIC:
         raise FormatError(f"not a shardpack index (magic {magic!r})", path=path, offset=0)
-    if version != FORMAT_VERSION:
-        raise VersionError(f"unsupported index version: expected {FORMAT_VERSION}, found {version}",
-                           path=path)
+    if version not in READ_VERSIONS:
+        raise VersionError(f"unsupported index version: expected one of {READ_VERSIONS}, found "
+                           f"{version}", path=path)
     formats = {v: k for k, v in _FORMAT_CODE.items()}
     comps = {v: k for k, v in _COMPRESSION_CODE.items()}
     if fmt not in formats or comp not in comps:
@@ -464,14 +501,44 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
         fields.append(bytes(buf[pos + 2:pos + 2 + ln]).decode("utf-8"))
         pos += 2 + ln
     pos = end
-    counts = [n + 1, n, n, n * nfields, n * nfields, n + 1]
-    arrays = []
-    for count in counts:
-        if pos + 8 * count > size:
+
+    def array(count: int, dtype: str = "<u8") -> np.ndarray:
+        nonlocal pos
+        width = np.dtype(dtype).itemsize
+        if pos + width * count > size - INDEX_TRAILER.size:
             raise FormatError("index arrays run past the end of the index", path=path)
-        arrays.append(np.frombuffer(buf, dtype="<u8", count=count, offset=pos))
-        pos += 8 * count
-    starts, raw_sizes, hashes, foff, fsize, koff = arrays
+        out = np.frombuffer(buf, dtype=dtype, count=count, offset=pos)
+        pos += width * count + (-(width * count) % 8)
+        return out
+
+    starts, raw_sizes, hashes = array(n + 1), array(n), array(n)
+    if version == 1:
+        foff, fsize = array(n * nfields), array(n * nfields)
+    else:
+        field_index = array(n + 1)
+        entries = int(field_index[-1]) if n else 0
+        if field_index[0] != 0 or np.any(field_index[1:] < field_index[:-1]) or (
+                entries > n * nfields):
+            raise FormatError("index field runs are not increasing", path=path)
+        if flags & ~INDEX_WIDE:
+            raise VersionError(f"unknown index flags {flags:#x}: expected only "
+                               f"{INDEX_WIDE:#x}", path=path)
+        width = "<u8" if flags & INDEX_WIDE else "<u4"
+        entry_offsets, entry_sizes = array(entries, width), array(entries, width)
+        entry_fields = array(entries, "<u2")
+        if entries and int(entry_fields.max()) >= nfields:
+            raise FormatError("index names a field number past its field table", path=path)
+        rows = np.repeat(np.arange(n), np.diff(field_index.astype(np.int64)))
+        foff = np.full((n, nfields), MISSING, dtype="<u8")
+        fsize = np.zeros((n, nfields), dtype="<u8")
+        foff[rows, entry_fields] = entry_offsets
+        fsize[rows, entry_fields] = entry_sizes
+        # within a sample, field numbers strictly increase: no field listed twice
+        if entries > 1 and not np.all((np.diff(entry_fields.astype(np.int32)) > 0)
+                                      | (np.diff(rows) != 0)):
+            raise FormatError("index field numbers of a sample are not increasing", path=path)
+        foff.flags.writeable = fsize.flags.writeable = False
+    koff = array(n + 1)
     key_len = int(koff[-1])
     if pos + key_len + INDEX_TRAILER.size != size:
         raise FormatError("index size does not match its header", path=path)
@@ -485,7 +552,7 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
         raise FormatError("index field extends past its sample", path=path)
     return ShardIndex(formats[fmt], comps[comp], int(shard_bytes), bytes(shard_hash),
                       int(plan_digest), int(skipped), tuple(fields), starts, raw_sizes, hashes, foff, fsize,
-                      koff, bytes(buf[pos:pos + key_len]))
+                      koff, bytes(buf[pos:pos + key_len]), version)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,9 +576,9 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
         raise FormatError(f"not a shardpack manifest (no \"format\": \"{MANIFEST_FORMAT}\")",
                           path=path)
     version = manifest.get("version")
-    if version != FORMAT_VERSION:
-        raise VersionError(f"unsupported manifest version: expected {FORMAT_VERSION}, found "
-                           f"{version!r}", path=path, hint="upgrade shardpack to read it")
+    if version not in READ_VERSIONS:
+        raise VersionError(f"unsupported manifest version: expected one of {READ_VERSIONS}, "
+                           f"found {version!r}", path=path, hint="upgrade shardpack to read it")
     if manifest.get("shard_format") not in SHARD_FORMATS:
         raise VersionError(f"unknown shard format: expected one of {SHARD_FORMATS}, found "
                            f"{manifest.get('shard_format')!r}", path=path)

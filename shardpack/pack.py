@@ -13,7 +13,7 @@ import json
 import os
 import time
 from collections import Counter
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
@@ -23,6 +23,7 @@ from .errors import PackError, ShardpackError
 from .plan import PackOptions, ShardTask, parse_size, plan
 from .samples import Source
 from .storage import Storage, is_temp_name
+from . import writer
 from .writer import ShardResult, result_from_index, write_shard
 
 STATE_NAME = ".shardpack-pack.json"  # options of a pack in progress; removed at commit
@@ -45,33 +46,49 @@ class PackSummary:
     classes: list | None = None
     notes: list = field(default_factory=list)
     converted_from: str | None = None
+    images: int | None = None  # image files found (one sample per image), else None
+    ignored: int = 0           # files that are neither images nor sidecars of one
+    index_bytes: int = 0
 
     def line(self) -> str:
         rate = self.source_bytes / self.seconds / 1e6 if self.seconds else 0.0
         seconds = self.seconds or float("inf")
         if self.converted_from:
-            text = (f"converted {self.samples:,} samples from {self.converted_from} "
-                    f"({self.source_bytes / 1e6:,.1f} MB of fields) into {self.shards} shards "
-                    f"({self.bytes / 1e6:,.1f} MB) in {self.seconds:.1f} s: "
-                    f"{self.samples / seconds:,.0f} samples/s, {rate:,.1f} MB/s")
+            text = (f"converted {plural(self.samples, 'sample')} from {self.converted_from} "
+                    f"({self.source_bytes / 1e6:,.1f} MB of fields) into "
+                    f"{plural(self.shards, 'shard')} ({self.bytes / 1e6:,.1f} MB) in "
+                    f"{self.seconds:.1f} s: {self.samples / seconds:,.0f} samples/s, "
+                    f"{rate:,.1f} MB/s")
         else:
-            text = (f"packed {self.samples:,} samples ({self.files:,} files, "
-                    f"{self.source_bytes / 1e6:,.1f} MB) into {self.shards} shards "
-                    f"({self.bytes / 1e6:,.1f} MB) in {self.seconds:.1f} s: "
-                    f"{self.files / seconds:,.0f} files/s, {rate:,.1f} MB/s")
+            found = (f"{plural(self.images, 'image file')} found, " if self.images is not None
+                     else "")
+            text = (f"packed {plural(self.samples, 'sample')} ({found}"
+                    f"{plural(self.files, 'file')} read, {self.source_bytes / 1e6:,.1f} MB) into "
+                    f"{plural(self.shards, 'shard')} ({self.bytes / 1e6:,.1f} MB) in "
+                    f"{self.seconds:.1f} s: {self.files / seconds:,.0f} files/s, "
+                    f"{rate:,.1f} MB/s")
         if self.reused_shards:
-            text += f"; {self.reused_shards} complete shards kept from the interrupted run"
+            text += (f"; {plural(self.reused_shards, 'complete shard')} kept from the "
+                     "interrupted run")
         if self.skipped:
-            text += "; skipped " + ", ".join(f"{v} {k}" for k, v in sorted(self.skipped.items()))
+            text += "; skipped " + ", ".join(f"{v:,} {k}" for k, v in sorted(self.skipped.items()))
+        if self.ignored:
+            text += (f"; ignored {plural(self.ignored, 'file')} that "
+                     f"{'is' if self.ignored == 1 else 'are'} neither an image nor a sidecar")
         if self.hidden:
-            text += f"; ignored {self.hidden} hidden entries"
+            text += f"; ignored {plural(self.hidden, 'hidden entry', 'hidden entries')}"
         return text
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``plural(1, "shard")`` -> "1 shard"; ``plural(2, "shard")`` -> "2 shards"."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
 def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int | None = None,
          compression: str = "none", zstd_level: int = 3, resize: int | None = None,
-         quality: int = 90, skip_bad: bool = False, layout: str = "auto",
-         workers: int | None = None, resume: bool = False, overwrite: bool = False,
+         quality: int = 90, skip_bad: bool = False, layout: str = "auto", group: str = "auto",
+         check: str = "quick", workers: int | None = None, resume: bool = False, overwrite: bool = False,
          executor: Executor | None = None, progress: bool = False,
          storage_options: dict | None = None) -> PackSummary:
     """Pack the files under ``src`` (a folder, or a .csv/.jsonl listing) into a dataset at ``out``.
@@ -80,8 +97,10 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
     with a one-line message naming the file at fault; nothing is published on failure."""
     options = make_options(format=format, shard_size=shard_size, max_samples=max_samples,
                            compression=compression, zstd_level=zstd_level, resize=resize,
-                           quality=quality, skip_bad=skip_bad, layout=layout)
-    source = Source(src, layout=layout, skip_bad=skip_bad)
+                           quality=quality, skip_bad=skip_bad, layout=layout, group=group,
+                           check=check)
+    source = Source(src, layout=layout, group=group, skip_bad=skip_bad,
+                    exclude=_inside(out, src, storage_options))
     return pack_source(source, out, options, origin={"source": os.path.abspath(os.fspath(src))},
                        workers=workers, resume=resume, overwrite=overwrite, executor=executor,
                        progress=progress, storage_options=storage_options)
@@ -89,11 +108,23 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
 
 def make_options(*, format: str, shard_size, max_samples: int | None, compression: str,
                  zstd_level: int, resize: int | None, quality: int, skip_bad: bool,
-                 layout: str) -> PackOptions:
+                 layout: str, group: str = "auto", check: str = "quick") -> PackOptions:
     """The :class:`PackOptions` of ``pack``'s and ``convert``'s keyword arguments."""
     return PackOptions(shard_format=format, shard_size=parse_size(shard_size),
                        max_samples=max_samples, compression=compression, zstd_level=zstd_level,
-                       resize=resize, quality=quality, skip_bad=skip_bad, layout=layout)
+                       resize=resize, quality=quality, skip_bad=skip_bad, layout=layout,
+                       group=group, check=check)
+
+
+def _inside(out, src, storage_options) -> str | None:
+    """The real path of OUT when it lies inside the folder SRC (left out of the walk), else
+    None.  Decision (docs/packing.md): OUT inside SRC is allowed and never packed."""
+    storage = Storage(out, storage_options)
+    if not storage.local or not os.path.isdir(os.fspath(src)):
+        return None
+    root = os.path.realpath(os.fspath(src))
+    real = os.path.realpath(storage.root)
+    return real if real.startswith(root + os.sep) else None
 
 
 def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int | None = None,
@@ -110,26 +141,33 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
     started = time.perf_counter()
     storage = Storage(out, storage_options)
     state = {"shardpack": __version__, **origin, "options": options.as_dict()}
-    _prepare_out(storage, state, resume=resume, overwrite=overwrite)
     summary = PackSummary(out=storage.url, converted_from=origin.get("from"))
+    summary.notes += _prepare_out(storage, state, resume=resume, overwrite=overwrite)
     results: dict[int, ShardResult] = {}
     own_pool = None
+    bar = _progress(progress)
+    files = _FileProgress(bar)
     if executor is None and (workers or os.cpu_count() or 1) > 1:
+        files.shared = get_context("fork").Value("q", 0)
         own_pool = executor = ProcessPoolExecutor(workers or os.cpu_count(),
                                                   mp_context=get_context("fork"),
-                                                  initializer=_die_with_parent)
-    bar = _progress(progress)
+                                                  initializer=_init_worker,
+                                                  initargs=(files.shared,))
+    elif executor is None and bar is not None:
+        writer.on_files = files.add  # inline: the writer moves the bar itself
     planned = {"files": 0, "bytes": 0}
     try:
-        tasks = _count(plan(source, options), planned, bar)
+        by_image = getattr(source.report, "group", None) == "image"
+        tasks = _count(plan(source, options, census=not by_image), planned, bar)
         for result, reused in _run(tasks, executor, storage, resume,
                                    limit=2 * (workers or os.cpu_count() or 1),
-                                   source_options=source_options):
+                                   source_options=source_options, files=files):
             results[result.number] = result
             summary.reused_shards += reused
+            files.task_done(result)
             if bar is not None:
-                bar.update(result.source_bytes)
-                bar.set_postfix_str(f"{len(results)} shards, {sum(r.samples for r in results.values()):,} samples")
+                bar.set_postfix_str(f"{plural(len(results), 'shard')}, "
+                                    f"{plural(sum(r.samples for r in results.values()), 'sample')}")
         if not results:
             raise ShardpackError("no samples found in the source", path=source.src,
                                  hint="check SRC, or the skip counts of --skip-bad")
@@ -141,6 +179,7 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
         storage.remove_temp_files()
         raise
     finally:
+        writer.on_files = None
         if own_pool is not None:
             own_pool.shutdown(wait=True)
         if bar is not None:
@@ -148,6 +187,43 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
     summary.files = planned["files"]
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+class _FileProgress:
+    """The progress bar counts source files written.  Pool workers add to ``shared`` (a counter
+    in shared memory, inherited at fork) every few samples and the packer polls it while it
+    waits; other executors report whole tasks; inline writing moves the bar through ``add``."""
+
+    def __init__(self, bar):
+        self.bar = bar
+        self.shared = None
+        self.done = 0  # files of finished tasks
+
+    def add(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def task_done(self, result: ShardResult) -> None:
+        self.done += result.files
+        self.poll()
+
+    def poll(self) -> None:
+        if self.bar is None:
+            return
+        live = self.shared.value if self.shared is not None else 0
+        target = max(self.done, live)
+        if target > self.bar.n:
+            self.bar.update(target - self.bar.n)
+
+
+def _init_worker(counter) -> None:
+    _die_with_parent()
+
+    def add(n: int) -> None:
+        with counter.get_lock():
+            counter.value += n
+
+    writer.on_files = add
 
 
 def _die_with_parent() -> None:
@@ -162,12 +238,24 @@ def _die_with_parent() -> None:
         pass
 
 
-def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool) -> None:
+def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool) -> list[str]:
+    """Check and prepare OUT; returns note lines for the summary."""
+    notes = []
     if storage.exists() and not storage.fs.isdir(storage.root):
         raise ShardpackError("output exists and is not a folder", path=storage.url)
     names = [n for n in storage.listdir() if not is_temp_name(n)]
     ours = [n for n in names if _is_ours(n)]
     foreign = [n for n in names if not _is_ours(n)]
+    if names and not (resume or overwrite) and not foreign and STATE_NAME in names \
+            and fmt.MANIFEST_NAME not in names:
+        # What an unfinished pack left (nothing was published): the same command, rerun once
+        # the source is fixed, starts afresh instead of being refused (docs/packing.md).
+        shards = sum(1 for n in ours if n.endswith(tuple(fmt.SHARD_SUFFIX.values())))
+        for name in ours:
+            storage.remove(name)
+        notes.append(f"removed what an unfinished pack left in OUT ({plural(shards, 'shard')}, "
+                     "never published); --resume would have kept its complete shards")
+        names = ours = []
     if names and not (resume or overwrite):
         raise ShardpackError("output folder is not empty", path=storage.url,
                              hint="pass --resume to finish an interrupted pack, or --overwrite "
@@ -192,10 +280,13 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
                                          f"interrupted run: was {previous.get(what)!r}, now "
                                          f"{state.get(what)!r}", path=storage.url,
                                          hint="rerun with the same source, or use --overwrite")
-            if previous.get("options") != state["options"]:
+            was, now = previous.get("options") or {}, state["options"]
+            differ = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+            if differ:
+                said = ", ".join(f"{_option_flag(k)} was {was.get(k)!r}, now {now.get(k)!r}"
+                                 for k in differ)
                 raise ShardpackError(f"--resume with different options than the interrupted "
-                                     f"pack: was {previous.get('options')}, now "
-                                     f"{state['options']}", path=storage.url,
+                                     f"pack: {said}", path=storage.url,
                                      hint="rerun with the same options, or use --overwrite")
     storage.makedirs()
     storage.remove_temp_files()
@@ -204,6 +295,12 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
         for name in ours:
             storage.remove(name)
     storage.write_atomic(STATE_NAME, json.dumps(state, sort_keys=True).encode())
+    return notes
+
+
+def _option_flag(name: str) -> str:
+    """The CLI flag of a PackOptions field, for messages."""
+    return "--" + {"shard_format": "format"}.get(name, name).replace("_", "-")
 
 
 def _is_ours(name: str) -> bool:
@@ -217,13 +314,13 @@ def _count(tasks, planned: dict, bar):
         planned["files"] += task.files
         planned["bytes"] += task.source_bytes
         if bar is not None:
-            bar.total = planned["bytes"]
+            bar.total = planned["files"]
             bar.refresh()
         yield task
 
 
 def _run(tasks, executor, storage: Storage, resume: bool, limit: int,
-         source_options: dict | None = None):
+         source_options: dict | None = None, files: _FileProgress | None = None):
     """Yield (result, reused) for every task; at most ``limit`` tasks in flight."""
     pending: list[tuple[ShardTask, Future]] = []
     for task in tasks:
@@ -238,16 +335,20 @@ def _run(tasks, executor, storage: Storage, resume: bool, limit: int,
         pending.append((task, executor.submit(write_shard, task, storage.url,
                                               _options_of(storage), source_options)))
         while len(pending) >= limit:
-            yield _result(*pending.pop(0)), 0
+            yield _result(*pending.pop(0), files), 0
     while pending:
-        yield _result(*pending.pop(0)), 0
+        yield _result(*pending.pop(0), files), 0
 
 
 def _options_of(storage: Storage) -> dict | None:
     return storage.storage_options or None
 
 
-def _result(task: ShardTask, future: Future) -> ShardResult:
+def _result(task: ShardTask, future: Future, files: _FileProgress | None = None
+            ) -> ShardResult:
+    if files is not None and files.bar is not None:
+        while not wait([future], timeout=0.25).done:
+            files.poll()
     try:
         return future.result()
     except ShardpackError:
@@ -282,6 +383,9 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
         "layout": source.report.layout,
         "skipped": dict(sorted(skipped.items())),
         "hidden": source.report.hidden,
+        "group": (source.report.group if source.report.layout in ("imagefolder", "files")
+                  else None),
+        "ignored": getattr(source.report, "ignored", 0),
         "preprocessing": {"resize": options.resize, "quality": options.quality}
         if options.resize else None,
         "shards": [r.manifest_entry() for r in ordered],
@@ -301,10 +405,20 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
     summary.bytes = manifest["num_bytes"]
     summary.source_bytes = sum(r.source_bytes for r in ordered)
     summary.hidden = source.report.hidden
+    report = source.report
+    summary.images = report.images if getattr(report, "group", None) == "image" else None
+    summary.ignored = getattr(report, "ignored", 0)
+    summary.index_bytes = sum(r.index_bytes for r in ordered)
+    if getattr(report, "first_ignored", None):
+        summary.notes.append(f"ignored {plural(report.ignored, 'file')} that "
+                             f"{'is' if report.ignored == 1 else 'are'} neither an image nor a "
+                             f"sidecar of one, e.g. {report.first_ignored[0]}")
+    if getattr(report, "excluded", None):
+        summary.notes.append(f"left the output folder out of the walk: {report.excluded}")
     summary.skipped = dict(skipped)
     summary.fields = fields
     summary.classes = source.report.classes
-    summary.notes = list(source.report.notes)
+    summary.notes += list(source.report.notes)
 
 
 def _progress(enabled: bool):
@@ -312,5 +426,5 @@ def _progress(enabled: bool):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1000, desc="packing",
-                dynamic_ncols=True, smoothing=0.1)
+    return tqdm(total=0, unit=" files", unit_scale=True, desc="packing", dynamic_ncols=True,
+                smoothing=0.1)

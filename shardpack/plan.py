@@ -19,11 +19,12 @@ from typing import Iterable, Iterator
 
 import xxhash
 
-from .errors import ShardpackError
+from .errors import ShardpackError, SourceError
 from .format import COMPRESSIONS, SHARD_FORMATS, TAR_BLOCK
 from .samples import SourceSample
 
 DEFAULT_MAX_SAMPLES = 100_000
+CHECKS = ("none", "quick", "full")  # image checks at pack time (shardpack.images)
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -59,6 +60,8 @@ class PackOptions:
     quality: int = 90
     skip_bad: bool = False
     layout: str = "auto"
+    group: str = "auto"     # how files group into samples (samples.GROUPS)
+    check: str = "quick"    # image check at pack time (images.CHECKS)
 
     def __post_init__(self):
         if self.shard_format not in SHARD_FORMATS:
@@ -77,6 +80,8 @@ class PackOptions:
                                  f"{self.resize}")
         if not 1 <= self.quality <= 100:
             raise ShardpackError(f"--quality must be in 1..100, got {self.quality}")
+        if self.check not in CHECKS:
+            raise ShardpackError(f"unknown --check {self.check!r}: expected one of {CHECKS}")
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -104,13 +109,61 @@ class ShardTask:
         return h.intdigest()
 
 
-def plan(samples: Iterable[SourceSample], options: PackOptions) -> Iterator[ShardTask]:
+class FieldCensus:
+    """Stops a pack whose field names explode: many distinct names, most in one sample each.
+    That is what grouping by the first dot makes of dotted file names (``IMG_2019.01.05.jpg`` ->
+    key ``IMG_2019``, field ``01.05.jpg``): images folded into one sample, an index that grows
+    with every name.  Real multi-field datasets repeat their few names in every sample.
+    Checked whenever the count of names reaches a multiple of CHECK_EVERY, and at the end."""
+
+    MIN_NAMES = 16      # fewer distinct names than this never trip the check
+    CHECK_EVERY = 1024  # an exploding source fails after ~1k names, not after the whole walk
+
+    def __init__(self):
+        self.counts: dict[str, int] = {}
+        self.example: tuple[str, str] | None = None  # (key, field) of a folded sample
+
+    def add(self, sample: SourceSample) -> None:
+        counts = self.counts
+        for f in sample.fields:
+            n = counts.get(f.name)
+            if n is None:
+                counts[f.name] = 1
+                if len(counts) % self.CHECK_EVERY == 0:
+                    self.check()
+                if self.example is None and len(counts) > self.MIN_NAMES:
+                    self.example = (sample.key, f.name)
+            else:
+                counts[f.name] = n + 1
+
+    def check(self) -> None:
+        names = len(self.counts)
+        if names < self.MIN_NAMES:
+            return
+        rare = sum(1 for n in self.counts.values() if n == 1)
+        if 2 * rare <= names:
+            return
+        key, name = self.example
+        raise SourceError(
+            f"{names:,} distinct field names, {rare:,} of them in a single sample (e.g. sample "
+            f"{key!r} has field {name!r}): file names with dots are being folded together",
+            hint="pass --group image for one sample per image file (key = name without the "
+                 "last extension), or rename the files to <key>.<field>")
+
+
+def plan(samples: Iterable[SourceSample], options: PackOptions,
+         census: bool = True) -> Iterator[ShardTask]:
+    """``census``: watch field names for dotted names folded together (:class:`FieldCensus`);
+    off where files cannot fold (one sample per image file)."""
+    census = FieldCensus() if census else None
     number = 0
     batch: list[SourceSample] = []
     size = nbytes = files = 0
     tar = options.shard_format == "tar"
     limit, max_samples = options.shard_size, options.max_samples or DEFAULT_MAX_SAMPLES
     for sample in samples:
+        if census is not None:
+            census.add(sample)
         est = 0 if tar else 40 + len(sample.key)
         sample_bytes = sample_files = 0
         for f in sample.fields:  # inlined estimated_size(): this runs once per file
@@ -126,5 +179,7 @@ def plan(samples: Iterable[SourceSample], options: PackOptions) -> Iterator[Shar
         size += est
         nbytes += sample_bytes
         files += sample_files
+    if census is not None:
+        census.check()
     if batch:
         yield ShardTask(number, tuple(batch), options, nbytes, files)

@@ -1,10 +1,15 @@
 """Pack-time preprocessing: shrink images once while packing, so the training loop never decodes
 pixels it will throw away.
 
-Rule (docs/packing.md): JPEG, PNG and WebP fields whose shorter side is longer than ``short_side``
-are resized so the shorter side equals it (aspect kept, EXIF orientation applied) and re-encoded in
-their own format (JPEG and WebP at ``quality``, PNG lossless).  Smaller images are kept byte for
-byte: shardpack never upscales.  Other fields pass through unchanged.
+Rule (docs/packing.md, docs/images.md): JPEG, PNG and WebP images whose shorter side is longer than
+``short_side`` are resized so the shorter side equals it (aspect kept) and re-encoded in their own
+format, the one their bytes hold, whatever the field name says (JPEG and WebP at ``quality``, PNG
+lossless).  EXIF orientation is NOT applied (decoders here do not apply it either): the original
+EXIF block and ICC profile are copied into the new file, so the packed image carries the same
+orientation tag as the source.  Smaller images are kept byte for byte: shardpack never upscales.
+GIF, BMP, TIFF and animated images pass through unchanged (no sensible lossless re-encode that
+keeps every frame and bit depth), but, like every image, are checked first
+(:func:`images.check_image`).  Other fields pass through unchanged.
 """
 
 from __future__ import annotations
@@ -12,38 +17,42 @@ from __future__ import annotations
 import io
 
 from .errors import SourceError
+from .images import check_image, image_format, is_image_field, sniff  # noqa: F401 (re-exported)
 
-IMAGE_FIELDS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
+REENCODED = ("JPEG", "PNG", "WEBP")  # formats resized; the others pass through once checked
 
-
-def is_image_field(field: str) -> bool:
-    return field.rsplit(".", 1)[-1].lower() in IMAGE_FIELDS
+__all__ = ["is_image_field", "resize_image"]  # is_image_field: still imported from here
 
 
 def resize_image(data: bytes, field: str, short_side: int, quality: int, path: str) -> bytes:
-    from PIL import Image, ImageOps  # imported here: only packs with --resize need Pillow
+    from PIL import Image  # imported here: only packs with --resize need Pillow
 
-    fmt = IMAGE_FIELDS[field.rsplit(".", 1)[-1].lower()]
+    named = image_format(field)
+    reason = check_image(data, field)
+    if reason:
+        raise SourceError(f"cannot resize: not a valid {named or 'image'}"
+                          f"{' image' if named else ''} ({reason})", path=path,
+                          hint="remove it, or pass --skip-bad to skip and count it")
+    fmt = sniff(data)  # the content's format, which may differ from the field name's
+    if fmt not in REENCODED:
+        return data
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=[fmt]) as img:
             w, h = img.size
-            if min(w, h) <= short_side:
+            if min(w, h) <= short_side or getattr(img, "n_frames", 1) > 1:
                 img.verify()  # still refuse a corrupt image, even when it is kept as it is
                 return data
             scale = short_side / min(w, h)
             size = (max(1, round(w * scale)), max(1, round(h * scale)))
+            keep = {k: img.info[k] for k in ("exif", "icc_profile") if img.info.get(k)}
             if fmt == "JPEG":
                 img.draft("RGB", size)  # DCT-domain downscale: decode at 1/2, 1/4 or 1/8
-            img = ImageOps.exif_transpose(img)
-            w, h = img.size
-            scale = short_side / min(w, h)
-            size = (max(1, round(w * scale)), max(1, round(h * scale)))
             img = img.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
-            if fmt == "JPEG" and img.mode not in ("RGB", "L"):
+            if fmt == "JPEG" and img.mode not in ("RGB", "L", "CMYK"):
                 img = img.convert("RGB")
             out = io.BytesIO()
             kwargs = {"quality": quality} if fmt in ("JPEG", "WEBP") else {"optimize": False}
-            img.save(out, fmt, **kwargs)
+            img.save(out, fmt, **kwargs, **keep)
             return out.getvalue()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise SourceError(f"cannot resize: not a valid {fmt} image ({exc})", path=path,

@@ -2,18 +2,26 @@
 a deterministic stream of :class:`SourceSample`.
 
 The walk is streaming: one folder's listing is held at a time (per depth), never the whole tree.
-Order is deterministic: folders and files sorted by name (code point order), samples grouped by key.
+Order is deterministic: folders and files sorted by name (code point order), samples by key.
 
-Rules (also in docs/packing.md):
+Two ways of grouping files into samples (``group``; docs/packing.md has every rule):
 
-* key = path relative to SRC up to the first dot of the file name; field = the rest of the name
-  (``cat/0001.seg.png`` -> key ``cat/0001``, field ``seg.png``);
-* ImageFolder (auto-detected when every top-level entry is a folder): the class index, by sorted
-  class folder name, is added as a field ``cls`` (ASCII decimal);
-* hidden entries (names starting with '.') are never samples: they are counted as ``hidden``;
-* bad entries (special files, broken links, links leading outside SRC, symlink loops, files with no
-  extension, names that are not UTF-8) raise :class:`SourceError`, or with ``skip_bad`` are skipped
-  and counted by reason.
+* ``image`` (the default for ImageFolder trees): every image file (extension in
+  :data:`shardpack.images.IMAGE_EXTENSIONS`, any case) is exactly one sample, whatever dots its
+  name holds: key = its path without the final extension, field = that extension as written
+  (``cat/IMG_2019.01.05.JPEG`` -> key ``cat/IMG_2019.01.05``, field ``JPEG``).  A non-image file
+  whose name is an image's stem (or whole name) plus one extension is a sidecar and joins that
+  image (``IMG_2019.01.05.json`` or ``IMG_2019.01.05.JPEG.json`` -> field ``json``).  Anything
+  else (``Thumbs.db``, ``desktop.ini``, a README) is no sample: it is ignored and counted.
+* ``webdataset`` (the default for other trees): key = path up to the first dot of the file name,
+  field = the rest (``0001.seg.png`` -> key ``0001``, field ``seg.png``).  :class:`FieldCensus`
+  stops a pack whose field names explode (dotted names folded together).
+
+ImageFolder (auto-detected when every top-level entry is a folder) adds the class index, by
+sorted class folder name, as a field ``cls`` (ASCII decimal).  Hidden entries (names starting
+with '.') are never samples: they are counted.  Bad entries (special files, broken links, links
+leading outside SRC, symlink loops, names that are not UTF-8, two images with one key) raise
+:class:`SourceError`, or with ``skip_bad`` are skipped and counted by reason.
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ from typing import Iterator, NamedTuple
 
 from .errors import SourceError
 from .format import check_field_name, split_name, unsafe_name_reason
+from .images import IMAGE_EXTENSIONS
 
 LISTING_SUFFIXES = (".csv", ".jsonl")
 LAYOUTS = ("auto", "imagefolder", "files")
+GROUPS = ("auto", "image", "webdataset")
 
 
 class SourceField(NamedTuple):
@@ -70,9 +80,14 @@ class SourceReport:
     """What the walk found besides samples; filled in while the stream is consumed."""
 
     layout: str = "files"
+    group: str = "webdataset"
     classes: list[str] | None = None
     skipped: Counter = field(default_factory=Counter)
     hidden: int = 0
+    images: int = 0   # image files found (group "image")
+    ignored: int = 0  # files that are neither images nor sidecars of one (group "image")
+    first_ignored: list[str] = field(default_factory=list)
+    excluded: str | None = None  # a folder left out of the walk (the output, inside SRC)
     first_skips: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # source metadata that was not carried over
 
@@ -89,13 +104,19 @@ class SourceReport:
 class Source:
     """An iterable of samples plus a :class:`SourceReport`."""
 
-    def __init__(self, src: str | os.PathLike, *, layout: str = "auto", skip_bad: bool = False):
+    def __init__(self, src: str | os.PathLike, *, layout: str = "auto", group: str = "auto",
+                 skip_bad: bool = False, exclude: str | None = None):
+        """``exclude``: a folder (real path) under SRC left out of the walk: the output folder
+        when it lies inside SRC, so a pack never packs its own shards."""
         self.src = os.fspath(src)
         self.skip_bad = skip_bad
         self.report = SourceReport()
+        self._exclude = exclude
         self._field_ok: dict[str, str | None] = {}  # field name -> why it is refused (cache)
         if layout not in LAYOUTS:
             raise SourceError(f"unknown layout {layout!r}: expected one of {LAYOUTS}")
+        if group not in GROUPS:
+            raise SourceError(f"unknown grouping {group!r}: expected one of {GROUPS}")
         if not os.path.exists(self.src):
             raise SourceError("source does not exist", path=self.src)
         if os.path.isfile(self.src):
@@ -107,6 +128,10 @@ class Source:
         else:
             self.root = os.path.realpath(self.src)
             self.report.layout = self._detect(layout)
+            if group == "auto":
+                group = ("image" if self.report.layout == "imagefolder" and self._holds_images()
+                         else "webdataset")
+            self.report.group = group
 
     def __iter__(self) -> Iterator[SourceSample]:
         if self.report.layout == "listing":
@@ -127,7 +152,8 @@ class Source:
                         "fix or remove it, or pass --skip-bad to skip and count such entries")
 
     def _detect(self, layout: str) -> str:
-        entries = [e for e in _scandir_sorted(self.src) if not e.name.startswith(".")]
+        entries = [e for e in _scandir_sorted(self.src) if not e.name.startswith(".")
+                   and not self._excluded(e.path)]
         if not entries:
             raise SourceError("source folder is empty", path=self.src,
                               hint="point SRC at a folder holding your files")
@@ -152,6 +178,7 @@ class Source:
             self._bad(folder, f"cannot list folder: {exc.strerror}", "unreadable")
             return
         files, dirs = [], []
+        by_image = self.report.group == "image"
         field_ok = self._field_ok
         for entry in entries:
             name = entry.name
@@ -159,6 +186,9 @@ class Source:
                 self.report.hidden += 1
                 continue
             path = f"{folder}/{name}"
+            if self._exclude is not None and self._excluded(path):
+                self.report.excluded = path
+                continue
             if not name.isascii():
                 try:
                     name.encode("utf-8")
@@ -178,16 +208,33 @@ class Source:
                     dirs.append((name, path))
                 if kind != "file":
                     continue
-            stem, _, fname = name.partition(".")
+            if by_image:
+                stem, dot, fname = name.rpartition(".")
+                if not dot or not stem:  # no extension, or a name like "jpg": not an image
+                    stem, fname = name, ""
+            else:
+                stem, _, fname = name.partition(".")
             why = field_ok.get(fname, True)
             if why is True:
                 why = field_ok[fname] = check_field_name(fname)
-            if why:
+            if why and not (by_image and not fname):
                 self._bad(path, why, "bad-name")
                 continue
             files.append((stem, fname, path, st.st_size, st.st_mtime_ns))
-        files.sort()
         prefix = f"{rel}/" if rel else ""
+        if by_image:
+            for sample in self._group_images(files, prefix, extra):
+                yield sample
+            files = None
+        else:
+            yield from self._group_webdataset(files, prefix, extra)
+        for name, path in dirs:
+            real = os.path.realpath(path)
+            yield from self._walk(path, prefix + name, ancestors | {real}, extra)
+
+    def _group_webdataset(self, files: list, prefix: str, extra) -> Iterator[SourceSample]:
+        """Key up to the first dot: consecutive files of one stem make one sample."""
+        files.sort()
         group_stem, group = None, []
         for stem, fname, path, size, mtime in files:
             if stem != group_stem and group:
@@ -201,10 +248,72 @@ class Source:
             sample = self._sample(prefix + group_stem, group, extra)
             if sample is not None:
                 yield sample
-        del files
-        for name, path in dirs:
-            real = os.path.realpath(path)
-            yield from self._walk(path, prefix + name, ancestors | {real}, extra)
+
+    def _group_images(self, files: list, prefix: str, extra) -> list[SourceSample]:
+        """One sample per image file of one folder, with its sidecars; the rest is counted as
+        ignored.  ``files``: (stem at the last dot, extension, path, size, mtime)."""
+        images: dict[str, list] = {}  # stem -> [image file, sidecar fields...]
+        names: dict[str, str] = {}    # an image's whole file name -> its stem
+        others = []
+        for item in sorted(files):
+            stem, ext, path = item[0], item[1], item[2]
+            if ext.lower() not in IMAGE_EXTENSIONS:
+                others.append(item)
+                continue
+            self.report.images += 1
+            if stem in images:
+                first = images[stem][0][2]
+                self._bad(path, f"two images with one key {prefix + stem!r} (also "
+                                f"{os.path.basename(first)!r}); rename one of them",
+                          "duplicate-key")
+                continue
+            images[stem] = [item]
+            names[f"{stem}.{ext}"] = stem
+        for item in others:
+            stem, ext, path = item[0], item[1], item[2]
+            owner = None
+            if ext:  # a file without extension has no field name: never a sidecar
+                owner = stem if stem in images else names.get(stem)
+            if owner is None:  # no image of that name here: not a sample (Thumbs.db, ...)
+                self.report.ignored += 1
+                if len(self.report.first_ignored) < 5:
+                    self.report.first_ignored.append(path)
+                continue
+            images[owner].append(item)
+        out = []
+        for stem in sorted(images):
+            group, seen = [], set()
+            for _, ext, path, size, mtime in images[stem]:
+                if ext in seen:  # x.json and x.jpg.json both for x.jpg
+                    self._bad(path, f"a second sidecar for field {ext!r} of sample "
+                                    f"{prefix + stem!r}", "duplicate")
+                    continue
+                seen.add(ext)
+                group.append(SourceField(ext, path, size, mtime))
+            group.sort()
+            sample = self._sample(prefix + stem, group, extra)
+            if sample is not None:
+                out.append(sample)
+        return out
+
+    def _holds_images(self) -> bool:
+        """Whether the first folder (in walk order) that holds files holds an image file: an
+        ImageFolder of images groups one sample per image, one of other files (audio, arrays)
+        keeps WebDataset grouping.  Looks at one folder listing, not the tree."""
+        for dirpath, dirnames, filenames in os.walk(self.src):
+            dirnames.sort()
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")
+                           and not self._excluded(os.path.join(dirpath, d))]
+            names = [n for n in filenames if not n.startswith(".")]
+            if names:
+                return any(n.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for n in names)
+        return False
+
+    def _excluded(self, path: str) -> bool:
+        if self._exclude is None:
+            return False
+        real = os.path.realpath(path)
+        return real == self._exclude or real.startswith(self._exclude + os.sep)
 
     def _sample(self, key: str, group: list, extra: SourceField | None) -> SourceSample | None:
         if extra is None:

@@ -34,9 +34,20 @@ def unpack(url, out, storage_options: dict | None = None, progress: bool = False
         from tqdm import tqdm
 
         bar = tqdm(total=len(reader), unit="sample", desc="unpacking")
+    # An ImageFolder pack took ``cls`` from the class folder, not from a file: unpack writes the
+    # class folders (empty ones too, so class numbers survive a re-pack) and no ``.cls`` files,
+    # so that packing the result again gives the same samples.
+    folder_classes = reader.manifest.get("layout") == "imagefolder"
     try:
+        for name in (reader.manifest.get("classes") or []) if folder_classes else []:
+            why = fmt.unsafe_name_reason(name)
+            if why or "/" in name:
+                raise UnsafePathError(f"refusing to make class folder {name!r}: "
+                                      f"{why or 'has a /'}", path=reader.url)
+            os.mkdir(os.path.join(tmp, name))
+        skip = "cls" if folder_classes else None
         for shard in range(len(reader.shards)):
-            written += _unpack_shard(reader, shard, tmp, bar)
+            written += _unpack_shard(reader, shard, tmp, bar, skip)
         if os.path.isdir(out):
             os.rmdir(out)
         os.rename(tmp, out)
@@ -49,7 +60,7 @@ def unpack(url, out, storage_options: dict | None = None, progress: bool = False
     return written
 
 
-def _unpack_shard(reader: DatasetReader, shard: int, root: str, bar) -> int:
+def _unpack_shard(reader: DatasetReader, shard: int, root: str, bar, skip: str | None) -> int:
     index = reader.index(shard)
     path = reader.shard_path(shard)
     data = reader.storage.read_bytes(reader.shards[shard]["name"])
@@ -68,10 +79,13 @@ def _unpack_shard(reader: DatasetReader, shard: int, root: str, bar) -> int:
             rel = f"{key}.{name}"
             if index.shard_format == "tar":
                 member = fmt.parse_tar_member(payload, pos)
-                if member.name != rel or member.size != size:
+                if member.name != index.member_name(key, name) or member.size != size:
                     raise fmt.FormatError(f"tar member {member.name!r} does not match the index "
-                                          f"({rel!r})", path=path, offset=start + pos, key=key)
+                                          f"({index.member_name(key, name)!r})", path=path,
+                                          offset=start + pos, key=key)
                 pos += member.end
+            if name == skip:
+                continue
             why = fmt.unsafe_name_reason(rel)
             if why:
                 raise UnsafePathError(f"refusing to write {rel!r}: {why}", path=path, key=key)

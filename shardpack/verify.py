@@ -4,6 +4,9 @@ A flipped byte anywhere changes the shard's xxh3-128 (caught against the manifes
 of the sample holding it (caught against the index), so the report names the sample.  Structure is
 checked too: tar headers must name ``key.field`` with the indexed size and be regular files;
 msgpack records must pass CRC32C, decompress to the indexed size and unpack to the indexed fields.
+``decode=True`` (``verify --decode``) also decodes every image field in full
+(:func:`shardpack.images.check_image_full`), so a broken image packed with ``--check none`` (or by
+an older release) is named too.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class VerifyReport:
         return not self.problems
 
 
-def verify(url, storage_options: dict | None = None, progress: bool = False) -> VerifyReport:
+def verify(url, storage_options: dict | None = None, progress: bool = False,
+           decode: bool = False) -> VerifyReport:
     reader = DatasetReader(url, storage_options)
     report = VerifyReport(problems=[])
     shards = range(len(reader.shards))
@@ -48,7 +52,7 @@ def verify(url, storage_options: dict | None = None, progress: bool = False) -> 
         shards = tqdm(shards, unit="shard", desc="verifying")
     for number in shards:
         report.shards += 1
-        report.problems += _verify_shard(reader, number, report)
+        report.problems += _verify_shard(reader, number, report, decode)
     counted = sum(s["samples"] for s in reader.shards)
     if counted != reader.manifest.get("num_samples"):
         report.problems.append(Problem(reader.storage.display(fmt.MANIFEST_NAME),
@@ -57,7 +61,8 @@ def verify(url, storage_options: dict | None = None, progress: bool = False) -> 
     return report
 
 
-def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport) -> list[Problem]:
+def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
+                  decode: bool = False) -> list[Problem]:
     entry = reader.shards[number]
     path = reader.shard_path(number)
     try:
@@ -98,11 +103,30 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport) -> l
             _check_structure(index, row, record, path)
         except ShardpackError as exc:
             problems.append(Problem(path, exc.message, key))
+            continue
+        if decode:
+            problems += _check_images(index, row, record, path, key)
     if index.shard_format == "tar" and not problems:
         tail = data[int(index.starts[-1]):]
         if tail != fmt.TAR_END:
             problems.append(Problem(path, "tar shard does not end with two zero blocks"))
     return problems
+
+
+def _check_images(index: fmt.ShardIndex, row: int, record, path: str, key: str) -> list[Problem]:
+    from .images import check_image_full, is_image_field
+
+    payload = None
+    out = []
+    for name, off, size in index.sample_fields(row):
+        if not is_image_field(name):
+            continue
+        if payload is None:
+            payload = record_payload(index, row, record, path)
+        why = check_image_full(bytes(payload[off:off + size]), name)
+        if why:
+            out.append(Problem(path, f"field {name!r}: {why}", key))
+    return out
 
 
 def _check_structure(index: fmt.ShardIndex, row: int, record, path: str) -> None:
@@ -113,10 +137,11 @@ def _check_structure(index: fmt.ShardIndex, row: int, record, path: str) -> None
         pos = 0
         for name, off, size in fields:
             member = fmt.parse_tar_member(payload, pos)
-            if member.name != f"{key}.{name}" or member.size != size or \
+            if member.name != index.member_name(key, name) or member.size != size or \
                     pos + member.data_offset != off:
                 raise fmt.FormatError(f"tar member {member.name!r} ({member.size} bytes) does "
-                                      f"not match the index ({key}.{name}, {size} bytes)")
+                                      f"not match the index ({index.member_name(key, name)}, "
+                                      f"{size} bytes)")
             pos += member.end
         if pos != len(payload):
             raise fmt.FormatError("tar record has bytes the index does not account for")

@@ -15,13 +15,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import format as fmt
-from .errors import SourceError
+from .errors import BrokenImageError, SourceError
 from .plan import ShardTask
-from .resize import is_image_field, resize_image
+from .images import check_image, check_image_full, is_image_field
+from .resize import resize_image
 from .samples import SourceField
 from .storage import Storage
 
 WRITE_BUFFER = 8 << 20
+PROGRESS_EVERY = 64  # samples between reports to ``on_files``
+
+# Set in a pack's worker processes (pack._init_worker) or, writing inline, in the packer: called
+# with the number of source files written since the last call, to move the progress bar.
+on_files = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class ShardResult:
     source_bytes: int = 0
     skipped: dict = field(default_factory=dict)
     first_skips: tuple[str, ...] = ()
+    files: int = 0  # source files read
 
     def manifest_entry(self) -> dict:
         return {"name": self.name, "index": self.index, "samples": self.samples,
@@ -342,20 +349,28 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
         compressor = zstandard.ZstdCompressor(level=opts.zstd_level, write_content_size=True)
     shard = fmt.shard_name(task.number, opts.shard_format)
     tar = opts.shard_format == "tar"
-    prepare = _prepared if opts.resize else _read_only
+    prepare = _prepared if opts.resize or opts.check != "none" else _read_only
     ahead = Readahead(task.samples)
+    report, unreported, files = on_files, 0, 0
     with storage.open_atomic(shard) as f:
         sink = _Sink(f)
         if opts.shard_format == "msgpack":
             sink.write(fmt.msgpack_file_header())
         for sample in task.samples:
             ahead.advance()
+            if report is not None:
+                files += sum(1 for f in sample.fields if f.path is not None)
+                unreported += 1
+                if unreported == PROGRESS_EVERY:
+                    report(files)
+                    files = unreported = 0
             try:
                 fields = [(sf.name, prepare(sf, opts, ranges, rows)) for sf in sample.fields]
             except SourceError as exc:
                 if not opts.skip_bad:
                     raise
-                skipped["read-failed"] += 1
+                skipped["broken-image" if isinstance(exc, BrokenImageError)
+                        else "read-failed"] += 1
                 if len(first_skips) < 20:
                     first_skips.append(str(exc))
                 continue
@@ -384,6 +399,8 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
         if tar:
             sink.write(fmt.TAR_END)
         sink.flush()
+    if report is not None and files:
+        report(files)
     rows = len(keys)
     index = fmt.encode_index(
         shard_format=opts.shard_format, compression=opts.compression, shard_bytes=sink.pos,
@@ -396,7 +413,7 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
     storage.write_atomic(index_file, index)
     return ShardResult(task.number, shard, index_file, rows, sink.pos, sink.hasher.hexdigest(),
                        len(index), fmt.content_hash(index), tuple(names), source_bytes,
-                       dict(skipped), tuple(first_skips))
+                       dict(skipped), tuple(first_skips), task.files)
 
 
 def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
@@ -426,7 +443,7 @@ def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
     skipped = {"read-failed": index.skipped} if index.skipped else {}
     return ShardResult(task.number, shard, index_file, index.num_samples, index.shard_bytes,
                        hasher.hexdigest(), len(data), fmt.content_hash(data), index.fields,
-                       source_bytes, skipped)
+                       source_bytes, skipped, (), task.files)
 
 
 _PADDING = [bytes(-n % fmt.TAR_BLOCK) for n in range(fmt.TAR_BLOCK)]
@@ -436,7 +453,7 @@ def _tar_record(key: str, fields: list[tuple[str, bytes]]) -> tuple[bytes, list[
     """One sample's tar members, and where each field's data starts in them."""
     parts, offsets, offset = [], [], 0
     for name, data in fields:
-        header = fmt.tar_header(f"{key}.{name}", len(data))
+        header = fmt.tar_header(fmt.tar_member_name(key, name), len(data))
         pad = _PADDING[len(data) % fmt.TAR_BLOCK]
         offset += len(header)
         offsets.append(offset)
@@ -454,9 +471,26 @@ def _read_only(sf: SourceField, opts, ranges: RangeReader, rows: RowReader) -> b
 
 
 def _prepared(sf: SourceField, opts, ranges: RangeReader, rows: RowReader) -> bytes:
+    """A field's bytes, image fields checked (``--check``) and resized (``--resize``)."""
     data = _read_only(sf, opts, ranges, rows)
-    if opts.resize and is_image_field(sf.name):
-        where = (f"field '{sf.name}'" if sf.path is None else sf.path if sf.offset is None
-                 else f"{sf.path} at byte {sf.offset}")
-        data = resize_image(data, sf.name, opts.resize, opts.quality, where)
+    if not is_image_field(sf.name):
+        return data
+    if opts.check != "none":
+        why = (check_image_full if opts.check == "full" else check_image)(data, sf.name)
+        if why:
+            raise BrokenImageError(why, path=_where(sf),
+                                   hint="fix or remove it, or pass --skip-bad to skip and count "
+                                        "broken images")
+    if opts.resize:
+        data = resize_image(data, sf.name, opts.resize, opts.quality, _where(sf))
     return data
+
+
+def _where(sf: SourceField) -> str:
+    if sf.path is None:
+        return f"field '{sf.name}'"
+    if sf.offset is None:
+        return sf.path
+    if sf.column is not None:
+        return f"{sf.path} row {sf.offset} column {'.'.join(sf.column)}"
+    return f"{sf.path} at byte {sf.offset}"

@@ -17,6 +17,29 @@ from shardpack.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def fake_jpeg(size: int, seed: int | None = None) -> bytes:
+    """Exactly ``size`` bytes (at least 32) that pass the packer's quick image check: the
+    markers of a 1x1 JPEG around random comment bytes.  For tests about packing mechanics,
+    where a .jpg field's bytes only need to survive intact (not decode)."""
+    import random
+
+    head = b"\xff\xd8" + b"\xff\xc0\x00\x0b\x08\x00\x01\x00\x01\x01\x01\x11\x00"
+    tail = b"\xff\xda\x00\x08\x01\x01\x00\x00\x3f\x00" + b"\x00\xff\xd9"
+    room = size - len(head) - len(tail)
+    if room < 4:
+        raise ValueError(f"fake_jpeg needs at least {len(head) + len(tail) + 4} bytes")
+    rnd = random.Random(seed)
+    parts = [head]
+    while room:
+        take = min(room, 65535 + 2)
+        if room - take and room - take < 4:  # leave no remainder too small for a segment
+            take -= 4
+        body = rnd.randbytes(take - 4) if seed is not None else os.urandom(take - 4)
+        parts.append(b"\xff\xfe" + (take - 2).to_bytes(2, "big") + body)
+        room -= take
+    return b"".join(parts) + tail
+
+
 def make_tree(root: Path, files: dict[str, bytes]) -> Path:
     for rel, data in files.items():
         path = root / rel
@@ -77,12 +100,13 @@ def reseal(out: Path) -> None:
 def small_tree(tmp_path) -> Path:
     """An ImageFolder-like tree with odd names and an extra json field."""
     files = {
-        "cat/0001.jpg": os.urandom(3000),
-        "cat/0002.jpg": os.urandom(10),
+        "cat/0001.jpg": fake_jpeg(3000),
+        "cat/0002.jpg": fake_jpeg(40),
         "cat/0002.json": b'{"w": 1}',
-        "cat/with space.jpg": b"x" * 700,
-        "dog/ünïcödé.jpg": os.urandom(1500),
-        "dog/empty.jpg": b"",
-        "dog/" + "long" * 40 + ".jpg": os.urandom(50),
+        "cat/with space.jpg": fake_jpeg(700),
+        "dog/ünïcödé.jpg": fake_jpeg(1500),
+        "dog/empty.jpg": fake_jpeg(32),
+        "dog/empty.json": b"",  # a 0-byte sidecar: an empty field
+        "dog/" + "long" * 40 + ".jpg": fake_jpeg(50),
     }
     return make_tree(tmp_path / "src", files)

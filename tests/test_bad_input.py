@@ -17,7 +17,7 @@ import shardpack
 from shardpack import format as fmt
 from shardpack.errors import SourceError
 
-from .conftest import make_tree, reseal, run_cli, run_subprocess
+from .conftest import fake_jpeg, make_tree, reseal, run_cli, run_subprocess
 
 
 def assert_one_line_error(result, *needles):
@@ -38,7 +38,8 @@ def assert_nothing_published(out: Path):
 
 @pytest.fixture
 def src(tmp_path):
-    return make_tree(tmp_path / "src", {"a/1.jpg": b"one", "a/2.jpg": b"two", "b/3.jpg": b"3"})
+    return make_tree(tmp_path / "src", {"a/1.jpg": fake_jpeg(40), "a/2.jpg": fake_jpeg(50),
+                                        "b/3.jpg": fake_jpeg(60)})
 
 
 def test_missing_source(tmp_path):
@@ -78,15 +79,26 @@ def _add_bad(src: Path, kind: str) -> Path:
         os.symlink(src / "a", bad)
     elif kind == "self-link":
         os.symlink(bad, bad)
-    elif kind == "no-extension":
-        bad = src / "a" / "README"
-        bad.write_bytes(b"x")
     return bad
 
 
 BAD = {"fifo": "FIFO", "socket": "socket", "device": "device", "link-outside": "outside",
-       "broken-link": "broken symlink", "link-loop": "symlink loop", "self-link": "symlink loop",
-       "no-extension": "no extension"}
+       "broken-link": "broken symlink", "link-loop": "symlink loop", "self-link": "symlink loop"}
+
+
+def test_file_without_extension(src, tmp_path):
+    """One sample per image (ImageFolder): a README is no sample, ignored and counted.  Grouped
+    WebDataset-style it has no field name: an error, or a counted skip."""
+    (src / "a" / "README").write_bytes(b"x")
+    summary = shardpack.pack(src, tmp_path / "out", workers=1)
+    assert summary.samples == 3 and summary.ignored == 1
+    result = run_subprocess("pack", src, tmp_path / "out2", "--group", "webdataset", timeout=60)
+    assert result.returncode == 2 and "no extension" in result.stderr
+    assert str(src / "a" / "README") in result.stderr
+    result = run_subprocess("pack", src, tmp_path / "out2", "--group", "webdataset",
+                            "--skip-bad", "--overwrite", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "skipped 1 bad-name" in result.stdout
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
@@ -125,7 +137,7 @@ def test_unreadable_file(src, tmp_path):
 
 
 def test_names_with_spaces_unicode_newlines_and_empty_files(tmp_path):
-    src = make_tree(tmp_path / "src", {"a b/ü n.jpg": b"", "x\ny.txt": b"nl"})
+    src = make_tree(tmp_path / "src", {"a b/ü n.bin": b"", "x\ny.txt": b"nl"})
     out = tmp_path / "out"
     run_cli("pack", src, out, "--layout", "files")
     listing = run_cli("ls", out).output
@@ -224,10 +236,13 @@ def test_out_of_disk_space(tmp_path):
 def test_corrupt_image_with_resize(tmp_path):
     src = make_tree(tmp_path / "src", {"ok.txt": b"fine", "bad.jpg": b"\xff\xd8 not a jpeg"})
     result = run_cli("pack", src, tmp_path / "out", "--resize", "64", "--workers", "1", ok=None)
-    assert_one_line_error(result, str(src / "bad.jpg"), "not a valid JPEG")
+    assert_one_line_error(result, str(src / "bad.jpg"), "JPEG")  # the quick check, first
     assert_nothing_published(tmp_path / "out")
+    result = run_cli("pack", src, tmp_path / "out", "--resize", "64", "--workers", "1",
+                     "--check", "none", ok=None)
+    assert_one_line_error(result, str(src / "bad.jpg"), "not a valid JPEG")  # resize's own
     result = run_cli("pack", src, tmp_path / "out", "--resize", "64", "--skip-bad",
-                     "--overwrite", "--workers", "1")
+                     "--overwrite", "--workers", "1", "--check", "none")
     assert "skipped 1 read-failed" in result.output
 
 
@@ -288,7 +303,7 @@ def _tamper_member(out: Path, new_type: bytes = None, new_name: str = None):
     (dict(new_name="/tmp/evil.jpg"), "absolute"),
 ])
 def test_unpack_never_writes_outside(tmp_path, tamper, message):
-    src = make_tree(tmp_path / "src", {"a.jpg": b"1", "b.jpg": b"2"})
+    src = make_tree(tmp_path / "src", {"a.jpg": fake_jpeg(40), "b.jpg": fake_jpeg(40)})
     out = tmp_path / "ds"
     run_cli("pack", src, out, "--layout", "files")
     _tamper_member(out, **tamper)

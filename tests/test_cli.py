@@ -11,7 +11,8 @@ from .conftest import run_cli
 def packed(small_tree, tmp_path):
     out = tmp_path / "out"
     result = run_cli("pack", small_tree, out, "--max-samples", "4", "-q")
-    assert "packed 6 samples (7 files" in result.output and "into 2 shards" in result.output
+    assert "packed 6 samples (6 image files found, 8 files read" in result.output
+    assert "into 2 shards" in result.output
     return out
 
 
@@ -20,7 +21,9 @@ def test_info_human_and_json(packed):
     assert "samples   6 in 2 shards" in text and "fields    cls, jpg, json" in text
     assert "classes   2: cat, dog" in text and "format    tar, compression none" in text
     data = json.loads(run_cli("info", packed, "--json").output)
-    assert data["num_samples"] == 6 and data["num_shards"] == 2 and data["version"] == 1
+    assert data["num_samples"] == 6 and data["num_shards"] == 2 and data["version"] == 2
+    assert "bytes per sample" in text
+    assert data["index_bytes_per_sample"] == pytest.approx(data["index_bytes"] / 6)
     assert data["classes"] == ["cat", "dog"] and "shards" not in data
 
 
@@ -28,7 +31,7 @@ def test_ls_and_cat(packed, small_tree):
     keys = run_cli("ls", packed).output.splitlines()
     assert keys[:3] == ["cat/0001", "cat/0002", "cat/with space"] and len(keys) == 6
     long = run_cli("ls", "--long", packed).output.splitlines()
-    assert long[1] == "cat/0002\tshard-00000.tar\tcls:1 jpg:10 json:8"
+    assert long[1] == "cat/0002\tshard-00000.tar\tcls:1 jpg:40 json:8"
     got = run_subprocess_bytes("cat", packed, "cat/0001", "-f", "jpg")
     assert got == (small_tree / "cat" / "0001.jpg").read_bytes()
     result = run_cli("cat", packed, "cat/0002", ok=None)
@@ -51,7 +54,7 @@ def test_not_a_dataset(tmp_path):
     (tmp_path / "shardpack.json").write_text('{"format": "shardpack", "version": 9}')
     result = run_cli("verify", tmp_path, ok=None)
     assert result.exit_code == 2
-    assert "unsupported manifest version: expected 1, found 9" in result.output
+    assert "unsupported manifest version: expected one of (1, 2), found 9" in result.output
 
 
 @pytest.mark.parametrize("command,needle", [

@@ -19,6 +19,8 @@ from shardpack.reader import open_reader
 from shardpack.sources import parquet as parquet_source
 from shardpack.sources.parquet import ParquetSource
 
+from .conftest import make_tree, run_cli
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -116,16 +118,15 @@ def test_hugging_face_image_and_classlabel(tmp_path):
     ds.to_parquet(str(tmp_path / "hf.parquet"))
     summary = convert(tmp_path / "hf.parquet", tmp_path / "out", from_="parquet", workers=1)
     got = samples_of(tmp_path / "out")
-    assert got[0]["image.png"] == png            # extension sniffed from the bytes
-    assert got[1]["image.jpg"] == jpg            # extension from the path, jpeg -> jpg
-    assert got[2]["image.webp"] == webp
+    # one field named after the column, whatever format each row holds
+    assert [s["image"] for s in got] == [png, jpg, webp]
     assert [s["cls"] for s in got] == [b"2", b"0", b"1"]
     assert "label" not in got[0]                 # the ClassLabel column became `cls`
     assert [s["text"] for s in got] == [b"t0", b"t1", b"t2"]
     assert manifest_of(tmp_path / "out")["classes"] == ["cat", "dog", "emu"]
     assert summary.classes == ["cat", "dog", "emu"]
     # the writer decodes `cls` like an ImageFolder label
-    assert summary.fields == ["cls", "image.jpg", "image.png", "image.webp", "text"]
+    assert summary.fields == ["cls", "image", "text"]
 
 
 def test_hugging_face_folder_layout(tmp_path):
@@ -145,7 +146,7 @@ def test_hugging_face_folder_layout(tmp_path):
     summary = convert(tmp_path / "repo", tmp_path / "out", from_="parquet", workers=1)
     got = samples_of(tmp_path / "out")
     # test-* sorts before train-*: image 5 first, then 0..4
-    assert [s["image.png"] for s in got] == [images[i]["bytes"] for i in (5, 0, 1, 2, 3, 4)]
+    assert [s["image"] for s in got] == [images[i]["bytes"] for i in (5, 0, 1, 2, 3, 4)]
     assert [s["cls"] for s in got] == [str(i % 2).encode() for i in (5, 0, 1, 2, 3, 4)]
     assert manifest_of(tmp_path / "out")["classes"] == names
     assert any("several splits (test, train)" in n for n in summary.notes)
@@ -372,3 +373,144 @@ def test_writer_reads_cells_in_small_batches_in_any_order(tmp_path, monkeypatch)
     assert pulled and max(pulled) <= 3   # never a whole 10-row group at once
     with pytest.raises(SourceError, match="past the end"):
         reader.read(cell(30, ("bin",)))
+
+
+# -- image columns as one field, --label-column ---------------------------------------------
+
+def test_image_column_is_one_field_whatever_each_row_holds(tmp_path):
+    """An HF Image column whose rows hold JPEG, PNG and WebP (paths that disagree with the
+    bytes, or none) is one field named after the column (``.image`` added when the name is no
+    image field name); every cell byte for byte, read by the shard writers in two processes
+    across several shards."""
+    import datasets
+
+    kinds = ["JPEG", "PNG", "WEBP"]
+    blobs = [image_bytes((i * 8, 255 - i, 90), kinds[i % 3], size=(5 + i % 4, 6))
+             for i in range(30)]
+    paths = [None, "a/b.JPEG", "c.gif", "d"]  # ignored: neither names nor splits the field
+    photos = [image_bytes((0, i * 8, 0), kinds[(i + 1) % 3]) for i in range(30)]
+    features = datasets.Features({"image": datasets.Image(), "photo": datasets.Image(),
+                                  "label": datasets.ClassLabel(names=["a", "b", "c"])})
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": paths[i % 4]} for i, b in enumerate(blobs)],
+         "photo": [{"bytes": b, "path": None} for b in photos],
+         "label": [i % 3 for i in range(30)]}, features=features)
+    ds.to_parquet(str(tmp_path / "hf.parquet"))
+    out = tmp_path / "out"
+    summary = convert(tmp_path / "hf.parquet", out, workers=2, max_samples=7)
+    assert summary.samples == 30 and summary.shards == 5
+    assert summary.fields == ["cls", "image", "photo.image"]
+    got = samples_of(out)
+    assert all(sorted(s) == ["__key__", "cls", "image", "photo.image"] for s in got)
+    assert [bytes(s["image"]) for s in got] == blobs
+    assert [bytes(s["photo.image"]) for s in got] == photos
+    assert {bytes(s["image"])[:4] for s in got} == {b"\xff\xd8\xff\xe0", b"\x89PNG", b"RIFF"}
+    assert [s["cls"] for s in got] == [str(i % 3).encode() for i in range(30)]
+    assert not summary.notes
+    # a {bytes, path} struct without a Hugging Face feature keeps its name, with a note unless
+    # readers take that name for an image field
+    file_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    pq.write_table(pa.table({"img": pa.array([{"bytes": blobs[0], "path": "x.png"}], file_type),
+                             "pic": pa.array([{"bytes": blobs[1], "path": None}], file_type)}),
+                   tmp_path / "plain.parquet")
+    summary = convert(tmp_path / "plain.parquet", tmp_path / "plain", workers=1)
+    [one] = samples_of(tmp_path / "plain")
+    assert (one["img"], one["pic"]) == (blobs[0], blobs[1]) and summary.fields == ["img", "pic"]
+    assert len(summary.notes) == 1 and "'pic'" in summary.notes[0]
+    assert "field='pic'" in summary.notes[0]
+
+
+def test_label_column_integers(tmp_path):
+    jpgs = [image_bytes(c, "JPEG") for c in ("red", "green", "blue", "white")]
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"__key__": ["k0", "k1", "k2", "k3"], "jpg": jpgs,
+                             "label": pa.array([3, 0, 7, -1], pa.int16())}), src)
+    # without the option the column keeps its name, and a note suggests the option
+    summary = convert(src, tmp_path / "plain", workers=1)
+    got = samples_of(tmp_path / "plain")
+    assert [s["label"] for s in got] == [b"3", b"0", b"7", b"-1"]
+    assert not any("cls" in s for s in got)
+    assert any("pass --label-column label" in n for n in summary.notes)
+    summary = convert(src, tmp_path / "out", workers=1, label_column="label")
+    got = samples_of(tmp_path / "out")
+    assert [s["cls"] for s in got] == [b"3", b"0", b"7", b"-1"]
+    assert [s["jpg"] for s in got] == jpgs
+    assert summary.fields == ["cls", "jpg"]
+    assert manifest_of(tmp_path / "out")["classes"] is None
+    assert not any("--label-column" in n for n in summary.notes)
+    # the CLI passes it through
+    run_cli("convert", src, tmp_path / "cli", "--label-column", "label", "-q")
+    assert [s["cls"] for s in samples_of(tmp_path / "cli")] == [b"3", b"0", b"7", b"-1"]
+
+
+def test_label_column_strings(tmp_path, monkeypatch):
+    """String labels: classes = the sorted distinct values of the whole source (read up front,
+    that column alone), cls = the index; a class seen only in a later file still counts."""
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"bin": [b"a", b"b", b"c"], "species": ["emu", "cat", "emu"]}),
+                   src / "a.parquet")
+    pq.write_table(pa.table({"bin": [b"d", b"e"],
+                             "species": pa.array(["dog", "ant"]).dictionary_encode()}),
+                   src / "b.parquet")
+    asked = []
+    real = pq.ParquetFile.iter_batches
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches",
+                        lambda self, *a, **kw: (asked.append(kw.get("columns")) or
+                                                real(self, *a, **kw)))
+    summary = convert(src, tmp_path / "out", workers=1, label_column="species")
+    assert asked[:2] == [["species"], ["species"]]  # both files' labels before any row
+    got = samples_of(tmp_path / "out")
+    assert [s["cls"] for s in got] == [b"3", b"1", b"3", b"2", b"0"]
+    assert [s["bin"] for s in got] == [b"a", b"b", b"c", b"d", b"e"]
+    assert all("species" not in s for s in got)
+    assert summary.classes == ["ant", "cat", "dog", "emu"]
+    assert manifest_of(tmp_path / "out")["classes"] == ["ant", "cat", "dog", "emu"]
+
+
+def test_label_column_errors(tmp_path):
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"bin": [b"a", b"b", b"c"], "y": ["p", None, "q"],
+                             "score": [0.5, 1.0, 2.0]}), src)
+    missing = convert_error(src, tmp_path / "e1", label_column="lable")
+    assert "\n" not in missing and "t.parquet" in missing
+    assert "--label-column 'lable': no such column" in missing and "bin, y, score" in missing
+    typed = convert_error(src, tmp_path / "e2", label_column="score")
+    assert "'score'" in typed and "double" in typed and "\n" not in typed
+    null = convert_error(src, tmp_path / "e3", label_column="y")
+    assert "\n" not in null and "t.parquet: row 1" in null and "label column 'y' is null" in null
+    summary = convert(src, tmp_path / "skip", workers=1, label_column="y", skip_bad=True)
+    assert summary.samples == 2 and summary.skipped == {"no-label": 1}
+    assert [s["cls"] for s in samples_of(tmp_path / "skip")] == [b"0", b"1"]
+    assert summary.classes == ["p", "q"]
+    # a ClassLabel column already becomes `cls`: naming another column is refused
+    hf = tmp_path / "hf.parquet"
+    hf_dataset([{"bytes": image_bytes("red"), "path": None}] * 2, [1, 0],
+               ["cat", "dog"]).to_parquet(str(hf))
+    both = convert_error(hf, tmp_path / "e4", label_column="text")
+    assert "\n" not in both and "hf.parquet" in both
+    assert "'text'" in both and "ClassLabel column 'label'" in both
+    assert "image, label, text" in both
+    # naming the ClassLabel column itself is the same as not naming one
+    summary = convert(hf, tmp_path / "same", workers=1, label_column="label")
+    assert summary.classes == ["cat", "dog"]
+    assert [s["cls"] for s in samples_of(tmp_path / "same")] == [b"1", b"0"]
+
+
+def test_label_column_only_for_parquet(tmp_path):
+    import tarfile
+
+    make_tree(tmp_path / "folders", {"cat/1.jpg": b"a", "dog/2.jpg": b"b"})
+    bad = run_cli("convert", tmp_path / "folders", tmp_path / "out", "--label-column", "label",
+                  ok=None)
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1
+    assert "--label-column is only for Parquet sources (this source is imagefolder)" \
+        in bad.output
+    assert not (tmp_path / "out").exists()
+    with tarfile.open(tmp_path / "w.tar", "w") as tar:
+        info = tarfile.TarInfo("a.jpg")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(SourceError, match="only for Parquet sources.*webdataset"):
+        convert(tmp_path / "w.tar", tmp_path / "o2", workers=1, label_column="cls")
+    assert "--label-column" in run_cli("convert", "--help").output

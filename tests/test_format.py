@@ -73,6 +73,101 @@ def test_index_round_trip():
     assert index.span(2) == (216, 316)
 
 
+def _v1_index(args) -> bytes:
+    """A version-1 index, laid out by hand from docs/format.md (dense n x F field tables)."""
+    import struct
+
+    import numpy as np
+    import xxhash
+
+    n, fields = len(args["raw_sizes"]), args["fields"]
+    names = b"".join(struct.pack("<H", len(f)) + f.encode() for f in fields)
+    names += bytes(-len(names) % 8)
+    keys = [k.encode() for k in args["keys"]]
+    koff = np.concatenate([[0], np.cumsum([len(k) for k in keys])]).astype("<u8")
+    header = fmt.INDEX_HEADER.pack(fmt.INDEX_MAGIC, 1, 1, 1, 0, n, len(fields), len(names),
+                                   args["shard_bytes"], args["shard_hash"],
+                                   args["plan_digest"], args["skipped"])
+    body = header + names + b"".join(np.asarray(a, dtype="<u8").tobytes() for a in (
+        args["starts"], args["raw_sizes"], args["sample_hashes"], args["field_offsets"],
+        args["field_sizes"], koff)) + b"".join(keys)
+    return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
+
+
+def test_version_1_index_still_reads_the_same():
+    args = _index()
+    old, new = fmt.decode_index(_v1_index(args)), fmt.decode_index(fmt.encode_index(**args))
+    assert old.version == 1 and new.version == 2
+    for i in range(3):
+        assert old.sample_fields(i) == new.sample_fields(i)
+    assert (old.field_offsets == new.field_offsets).all()
+    assert old.member_name("a/b.c", "jpg") == "a/b.c.jpg"
+    assert new.member_name("a/b.c", "jpg") == "a/b%2Ec.jpg"
+
+
+def test_index_size_grows_with_the_fields_a_sample_has():
+    """Version 2: 100 samples, each with one field of its own (100 field names), cost about
+    what 100 samples with one shared field cost, not 100 x 100 table cells."""
+    import numpy as np
+
+    def size(width: int) -> int:
+        n = 100
+        foff = np.full((n, width), fmt.MISSING, dtype="<u8")
+        fsize = np.zeros((n, width), dtype="<u8")
+        for i in range(n):
+            foff[i, i % width], fsize[i, i % width] = 0, 10
+        return len(fmt.encode_index(
+            shard_format="tar", compression="none", shard_bytes=10_000, shard_hash=bytes(16),
+            plan_digest=0, skipped=0, fields=[f"f{j:03d}" for j in range(width)],
+            starts=list(range(0, 1001, 10)), raw_sizes=[10] * n, sample_hashes=[0] * n,
+            field_offsets=foff, field_sizes=fsize, keys=[f"{i:03d}" for i in range(n)]))
+
+    assert size(100) - size(1) < 100 * 6 + 8  # only the 99 extra names in the name table
+    # per sample: 40 bytes of arrays, 10 for its one field (u32 offset and size, u16 number),
+    # 3 of key; plus the header, the arrays' last entries and padding
+    assert size(1) <= 100 * (40 + 10 + 3) + 128
+
+
+def test_index_entries_widen_past_4_gib():
+    """A field that starts or ends past 4 GiB in its sample switches the entries to u64."""
+    import numpy as np
+
+    big = 5 << 30
+    foff = np.array([[0, big]], dtype="<u8")
+    fsize = np.array([[10, 7]], dtype="<u8")
+    data = fmt.encode_index(
+        shard_format="tar", compression="none", shard_bytes=big + 2048, shard_hash=bytes(16),
+        plan_digest=0, skipped=0, fields=["a", "b"], starts=[0, big + 1024],
+        raw_sizes=[big + 1024], sample_hashes=[0], field_offsets=foff, field_sizes=fsize,
+        keys=["k"])
+    assert fmt.INDEX_HEADER.unpack_from(data)[4] == fmt.INDEX_WIDE
+    assert fmt.decode_index(data).sample_fields(0) == [("a", 0, 10), ("b", big, 7)]
+
+
+@pytest.mark.parametrize("where,message", [("runs", "not increasing"),
+                                           ("fields", "field number")])
+def test_index_refuses_bad_field_runs_even_when_resealed(where, message):
+    import struct
+
+    import xxhash
+
+    args = _index()
+    data = bytearray(fmt.encode_index(**args))
+    n, width = 3, 2
+    names_len = struct.unpack_from("<I", data, 28)[0]
+    runs = fmt.INDEX_HEADER.size + names_len + 8 * (3 * n + 1)  # after starts, sizes, hashes
+    if where == "runs":
+        struct.pack_into("<Q", data, runs + 8, 5)  # sample 0 claims 5 entries: past sample 1's
+    else:
+        entries = struct.unpack_from("<Q", data, runs + 8 * n)[0]
+        fields_at = runs + 8 * (n + 1) + 2 * (4 * entries + -(4 * entries) % 8)  # u32 entries
+        struct.pack_into("<H", data, fields_at, width + 3)  # a field number past the table
+    body = bytes(data[:-8])
+    data[-8:] = struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
+    with pytest.raises(FormatError, match=message):
+        fmt.decode_index(bytes(data), "x.idx")
+
+
 def test_index_rejects_flipped_byte_and_truncation():
     data = fmt.encode_index(**_index())
     for pos in (20, 100, len(data) - 20):
@@ -87,7 +182,7 @@ def test_index_rejects_flipped_byte_and_truncation():
 def test_index_unknown_version_names_both():
     data = bytearray(fmt.encode_index(**_index()))
     data[8] = 99
-    with pytest.raises(VersionError, match="expected 1, found 99"):
+    with pytest.raises(VersionError, match=r"expected one of \(1, 2\), found 99"):
         fmt.decode_index(bytes(data), "s.idx")
 
 
@@ -99,7 +194,7 @@ def _manifest(**over):
 
 
 @pytest.mark.parametrize("over,match", [
-    ({"version": 7}, "expected 1, found 7"),
+    ({"version": 7}, r"expected one of \(1, 2\), found 7"),
     ({"shard_format": "zip"}, "found 'zip'"),
     ({"compression": "lz4"}, "found 'lz4'"),
     ({"hash": "md5"}, "found 'md5'"),

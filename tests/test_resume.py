@@ -11,14 +11,14 @@ import pytest
 import shardpack
 from shardpack import format as fmt
 
-from .conftest import dataset_files, make_tree, run_cli
+from .conftest import dataset_files, fake_jpeg, make_tree, run_cli
 
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):
     rng = random.Random(3)
     root = tmp_path_factory.mktemp("resume") / "src"
-    return make_tree(root, {f"c{i % 4}/{i:05d}.jpg": rng.randbytes(rng.randint(20_000, 80_000))
+    return make_tree(root, {f"c{i % 4}/{i:05d}.jpg": fake_jpeg(rng.randint(20_000, 80_000), i)
                             for i in range(1500)})
 
 

@@ -8,7 +8,7 @@ import pytest
 import shardpack
 from shardpack import format as fmt
 
-from .conftest import make_tree, reseal, run_cli
+from .conftest import fake_jpeg, make_tree, reseal, run_cli
 
 MODES = [("tar", "none"), ("msgpack", "none"), ("msgpack", "zstd")]
 
@@ -17,7 +17,7 @@ MODES = [("tar", "none"), ("msgpack", "none"), ("msgpack", "zstd")]
 def dataset(tmp_path, request):
     shard_format, compression = request.param
     rng = random.Random(1)
-    files = {f"c{i % 3}/{i:04d}.jpg": rng.randbytes(rng.randint(0, 4000)) for i in range(40)}
+    files = {f"c{i % 3}/{i:04d}.jpg": fake_jpeg(rng.randint(32, 4000), seed=i) for i in range(40)}
     files.update({f"c0/{i:04d}.json": b'{"i": %d}' % i for i in range(0, 40, 3)})
     src = make_tree(tmp_path / "src", files)
     out = tmp_path / "out"

@@ -3,10 +3,13 @@
 # then shardpack with its dev extras. Safe to run again; it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# nginx: the HTTP server with Range requests for the tests (tests/servers.py, fixture http_server).
-# A Debian package, installed only when missing: as root (CI), else through passwordless sudo, else
-# skipped with a warning (those tests then skip).
-if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+# nginx: the HTTP server with Range requests for the tests (tests/servers.py, fixture http_server),
+# installed only with --with-nginx (tools/test.sh passes it; the demo does not need it). A Debian
+# package, installed only when missing: as root (CI), else through passwordless sudo, else skipped
+# with a warning (those tests then skip).
+WITH_NGINX=0
+[ "${1:-}" = "--with-nginx" ] && WITH_NGINX=1
+if [ "$WITH_NGINX" = 1 ] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   if [ "$(id -u)" -eq 0 ]; then
     SUDO=""
   elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then

@@ -6,7 +6,7 @@
 # minutes, once), and SHARDPACK_REQUIRE_PEERS=1 makes those tests fail rather than skip without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/setup.sh
+bash tools/setup.sh --with-nginx
 bash tools/bench_setup_peers.sh --keep
 export SHARDPACK_REQUIRE_PEERS=1
 exec .venv/bin/python -m pytest "$@"

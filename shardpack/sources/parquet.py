@@ -13,13 +13,19 @@ One row = one sample; column rules (docs/convert.md):
   keys are the sample's position (``0000000000``, ...);
 * other columns starting with ``__`` (``__url__``, ``__index_level_0__``) are skipped, with a note;
 * binary -> the bytes, field = column name;
-* a ``{bytes, path}`` struct (a ``datasets`` Image or Audio feature) -> the bytes; field = column
-  name plus the extension of ``path``, else sniffed from the bytes (``image`` -> ``image.jpg``);
-  a column whose name has a dot or is an extension (``jpg``) keeps its name.  A value with a path
-  but no bytes is a bad sample;
+* a ``{bytes, path}`` struct (a ``datasets`` Image or Audio feature) -> the bytes, one field per
+  column whatever format each row holds: the column name (``image``, ``img``, ``jpg``,
+  ``seg.png``), except that a Hugging Face ``Image`` column whose name is no image field name
+  gets ``.image`` (``photo`` -> ``photo.image``) so readers find it.  A struct without a feature
+  keeps its name (with a note unless it is an image field name).  A value with a path but no
+  bytes is a bad sample;
 * the one ``ClassLabel`` column of the Hugging Face features -> field ``cls`` (ASCII decimal), its
   names -> the manifest's ``classes`` (also read from ``shardpack`` schema metadata, which
   ``shardpack export --to parquet`` writes);
+* ``label_column`` (``--label-column``) -> field ``cls``: integers as ASCII decimal; strings as
+  the index of the value among the sorted distinct values of the whole source (read up front,
+  that column only), which become the manifest's ``classes``.  A null label is a bad sample;
+  without the option a plain ``label``/``labels`` column keeps its name, with a note;
 * integers -> ASCII decimal; strings -> UTF-8; floats -> shortest round-trip text (``0.1``,
   ``nan``); booleans -> ``true``/``false``; decimals -> text; dates and times -> ISO 8601;
 * lists, structs and maps -> compact JSON, field ``<column>.json``; ones holding binary data are
@@ -33,13 +39,13 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import re
 import sys
 from collections.abc import Iterator
 
 from ..errors import SourceError
 from ..format import check_field_name
+from ..images import is_image_field
 from ..samples import SourceField
 from .base import ContainerSource, inline
 
@@ -47,12 +53,7 @@ BATCH_BYTES = 16 << 20   # target uncompressed bytes of one record batch
 MAX_BATCH_ROWS = 1024
 BUFFER_SIZE = 1 << 20    # pyarrow reads column chunks page by page through a buffer this size
 KEY_COLUMNS = ("__key__", "key")
-_EXT_ALIASES = {"jpeg": "jpg", "jpe": "jpg", "tiff": "tif"}
-_MAGIC = [(0, b"\xff\xd8\xff", "jpg"), (0, b"\x89PNG\r\n\x1a\n", "png"), (0, b"GIF8", "gif"),
-          (8, b"WEBP", "webp"), (8, b"WAVE", "wav"), (0, b"II*\x00", "tif"),
-          (0, b"MM\x00*", "tif"), (4, b"ftypavif", "avif"), (4, b"ftypheic", "heic"),
-          (0, b"fLaC", "flac"), (0, b"OggS", "ogg"), (0, b"ID3", "mp3"), (0, b"BM", "bmp")]
-_FILE_EXTS = {ext for _, _, ext in _MAGIC} | set(_EXT_ALIASES)
+LABEL_NAMES = ("label", "labels")  # plain columns that get a note suggesting --label-column
 _SPLIT_FILE = re.compile(r"(?:^|/)([\w.]+?)-\d+-of-\d+\.parquet$")
 
 
@@ -73,9 +74,26 @@ def _pyarrow():
     return pa, pq
 
 
+def _open(pq, f, shown: str):
+    """(ParquetFile, Arrow schema) of an open file, or a :class:`SourceError`."""
+    import pyarrow as pa
+
+    try:
+        pf = pq.ParquetFile(f, buffer_size=BUFFER_SIZE)
+        return pf, pf.schema_arrow
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise SourceError(f"not a readable Parquet file: {exc}", path=shown) from None
+
+
 class ParquetSource(ContainerSource):
     format = "parquet"
     suffixes = (".parquet",)
+
+    def __init__(self, src, *, label_column: str | None = None, **kwargs):
+        """``label_column``: a column that becomes the ``cls`` field (``--label-column``)."""
+        super().__init__(src, **kwargs)
+        self.label_column = label_column
+        self._class_names = None  # pa.array of the sorted string labels, once read
 
     def files(self, suffixes=None) -> list[str]:
         if self.single is not None:
@@ -101,7 +119,7 @@ class ParquetSource(ContainerSource):
         return sorted(names)
 
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
-        pa, pq = _pyarrow()
+        pq = _pyarrow()[1]
         names = self.files()
         splits = sorted({m.group(1) for n in names if (m := _SPLIT_FILE.search(n))})
         if len(splits) > 1:
@@ -110,15 +128,14 @@ class ParquetSource(ContainerSource):
                       "keep them apart)")
         kinds: dict[str, tuple[str, str]] = {}  # column -> (kind, first file that had it)
         first_classes: tuple[list[str], str] | None = None
+        if self.label_column is not None:
+            first_classes = self._label_classes(names)
         for name in names:
             shown = self.storage.display(name)
             with self.storage.open_arrow(name) as f:
-                try:
-                    pf = pq.ParquetFile(f, buffer_size=BUFFER_SIZE)
-                    schema = pf.schema_arrow
-                except (pa.ArrowException, OSError, ValueError) as exc:
-                    raise SourceError(f"not a readable Parquet file: {exc}", path=shown) from None
-                columns, key_col, classes = plan_columns(schema, shown, self.note)
+                pf, schema = _open(pq, f, shown)
+                columns, key_col, classes = plan_columns(schema, shown, self.note,
+                                                         self.label_column)
                 for col, kind, _ in columns:
                     seen = kinds.setdefault(col, (kind, shown))
                     if seen[0] != kind:
@@ -136,10 +153,53 @@ class ParquetSource(ContainerSource):
                     raise SourceError("no column can become a field", path=shown)
                 yield from self._rows(pf, columns, key_col, shown, name)
 
+    def _label_classes(self, names: list[str]) -> tuple[list[str], str] | None:
+        """Before any row: check ``label_column`` in every file (an error names the first file
+        where it cannot be the label), and for a string column read that column alone from every
+        file: the sorted distinct values are the class names.  Returns (class names, file) of a
+        ClassLabel label, for the main pass to compare each file's with, else None."""
+        pa, pq = _pyarrow()
+        import pyarrow.compute as pc
+
+        col = self.label_column
+        values: set = set()
+        first_kind: tuple[str, str] | None = None
+        named: tuple[list[str], str] | None = None
+        for name in names:
+            shown = self.storage.display(name)
+            with self.storage.open_arrow(name) as f:
+                pf, schema = _open(pq, f, shown)
+                columns, _, classes = plan_columns(schema, shown, lambda _: None, col)
+                kind = next(k for c, k, _ in columns if c == col)
+                first_kind = first_kind or (kind, shown)
+                if kind != first_kind[0]:
+                    what = {"label": "integers", "classname": "strings"}
+                    raise SourceError(f"label column {col!r} holds {what[kind]} here but "
+                                      f"{what[first_kind[0]]} in {first_kind[1]}", path=shown)
+                if kind == "label":
+                    if classes is not None and named is None:
+                        named = (classes, shown)
+                    continue
+                try:
+                    for batch in pf.iter_batches(batch_size=1 << 16, columns=[col],
+                                                 use_threads=False):
+                        values.update(pc.unique(batch.column(0)).to_pylist())
+                except (pa.ArrowException, OSError, ValueError) as exc:
+                    raise SourceError(f"cannot read label column {col!r}: {exc}",
+                                      path=shown) from None
+        if first_kind and first_kind[0] == "classname":
+            values.discard(None)
+            self.report.classes = sorted(values)
+            self._class_names = pa.array(self.report.classes, pa.string())
+            return None
+        if named is not None:
+            self.report.classes = list(named[0])
+        return named
+
     def _rows(self, pf, columns, key_col, shown, name):
         """The file's samples, one record batch at a time.  Binary and ``{bytes, path}`` cells
-        are not copied out here: only their lengths (and the first bytes, to name the field) are
-        taken, and the fields refer to (file, column, row) for the shard writers to read."""
+        are not copied out here: only their lengths are taken, and the fields refer to (file,
+        column, row) for the shard writers to read."""
         pa = _pyarrow()[0]
         import pyarrow.compute as pc
 
@@ -176,11 +236,15 @@ class ParquetSource(ContainerSource):
                     values.append((col, kind, field, pc.binary_length(array).to_pylist(), None))
                 elif kind == "file":
                     data = pc.struct_field(array, "bytes")
-                    heads = pc.binary_slice(data, 0, 16).to_pylist()
                     paths = pc.struct_field(array, "path").to_pylist()
                     valid = array.is_valid().to_pylist()
                     values.append((col, kind, field, pc.binary_length(data).to_pylist(),
-                                   (heads, paths, valid)))
+                                   (paths, valid)))
+                elif kind == "classname":  # a string label -> its index among the classes
+                    if pa.types.is_dictionary(array.type):
+                        array = array.dictionary_decode()
+                    index = pc.index_in(array, value_set=self._class_names.cast(array.type))
+                    values.append((col, "label", field, index.to_pylist(), None))
                 else:
                     values.append((col, kind, field, array.to_pylist(), None))
             del batch
@@ -204,13 +268,15 @@ class ParquetSource(ContainerSource):
                     if kind != "file":
                         if value is not None:
                             fields.append(inline(field, ENCODERS[kind](value)))
+                        elif col == self.label_column:
+                            self.bad(where, f"label column {col!r} is null", "no-label")
+                            break
                         continue
-                    heads, paths, valid = extra
+                    paths, valid = extra
                     if not valid[i]:
                         continue
                     if value is not None:
-                        name_of = file_field(field, {"path": paths[i], "bytes": heads[i]})
-                        fields.append(SourceField(name_of, url, value, mtime, None, row + i,
+                        fields.append(SourceField(field, url, value, mtime, None, row + i,
                                                   (col, "bytes")))
                     elif paths[i] is not None:
                         self.bad(where, f"column {col!r} holds only a path "
@@ -247,29 +313,6 @@ def _estimated_sizes(meta, binary_columns) -> dict[str, list[int]]:
     return out
 
 
-def file_field(column: str, value: dict) -> str:
-    """The field name of one ``{bytes, path}`` value: the column name, plus the file's
-    extension unless the name has a dot or is itself an extension (``jpg``, as in datasets
-    made from WebDataset shards)."""
-    if "." in column or column.lower() in _FILE_EXTS:
-        return column
-    ext = file_extension(value.get("path"), value["bytes"])
-    return f"{column}.{ext}" if ext else column
-
-
-def file_extension(path: str | None, data: bytes) -> str | None:
-    """The extension of ``path`` (lower case, ``jpeg`` -> ``jpg``), else one sniffed from the
-    first bytes; None when neither tells."""
-    if path:
-        ext = posixpath.splitext(posixpath.basename(path))[1][1:].lower()
-        if re.fullmatch(r"[a-z0-9]{1,5}", ext):
-            return _EXT_ALIASES.get(ext, ext)
-    for offset, magic, ext in _MAGIC:
-        if data[offset:offset + len(magic)] == magic:
-            return ext
-    return None
-
-
 def _json_default(value):
     if hasattr(value, "isoformat"):
         return value.isoformat()
@@ -290,17 +333,25 @@ ENCODERS = {
 }
 
 
-def plan_columns(schema, shown: str, note) -> tuple[list[tuple[str, str, str]], str | None,
-                                                     list[str] | None]:
+def plan_columns(schema, shown: str, note, label_column: str | None = None
+                 ) -> tuple[list[tuple[str, str, str]], str | None, list[str] | None]:
     """``([(column, kind, field)], key column or None, class names or None)`` for one file's
-    Arrow schema, or a :class:`SourceError` naming the column that cannot be carried."""
+    Arrow schema, or a :class:`SourceError` naming the column that cannot be carried.
+    ``label_column`` (``--label-column``) becomes field ``cls``: kind ``label`` (integers) or
+    ``classname`` (strings, indexed by the source's sorted class names)."""
     features, meta_classes = read_metadata(schema.metadata, note)
     names = schema.names
     key_col = next((k for k in KEY_COLUMNS if k in names), None)
     labels = [n for n in names if _feature_type(features, n) == "ClassLabel"
               and _kind(schema.field(n).type) == "int"]
-    label_col, classes = None, None
-    if len(labels) > 1:
+    label_col, label_kind, classes = None, "label", None
+    if label_column is not None:
+        label_col, label_kind = _label_column(schema, shown, label_column, key_col, labels)
+        if label_col in labels:
+            classes = list(features[label_col].get("names") or [])
+        elif label_col == "cls" and meta_classes is not None:
+            classes = meta_classes
+    elif len(labels) > 1:
         note(f"several ClassLabel columns ({', '.join(labels)}): the manifest holds one class "
              "list, so their class names were not carried")
     elif labels and labels[0] != "cls" and "cls" in names:
@@ -310,6 +361,11 @@ def plan_columns(schema, shown: str, note) -> tuple[list[tuple[str, str, str]], 
         label_col, classes = labels[0], list(features[labels[0]].get("names") or [])
     elif meta_classes is not None and "cls" in names:
         classes = meta_classes
+    if label_col is None and not labels and "cls" not in names:
+        for col in LABEL_NAMES:
+            if col in names and _kind(schema.field(col).type) in ("int", "string"):
+                note(f"column {col!r} became field {col!r}, not the class label field 'cls': "
+                     f"pass --label-column {col} to make it the label")
     columns, fields = [], {}
     for field in schema:
         col, kind = field.name, _kind(field.type)
@@ -318,7 +374,7 @@ def plan_columns(schema, shown: str, note) -> tuple[list[tuple[str, str, str]], 
                 raise SourceError(f"key column {col!r} has type {field.type}: a key must be a "
                                   "string or an integer", path=shown)
             continue
-        if col.startswith("__"):
+        if col.startswith("__") and col != label_col:
             note(f"column {col!r} was skipped (names starting with '__' are reserved)")
             continue
         if kind == "null":
@@ -329,7 +385,10 @@ def plan_columns(schema, shown: str, note) -> tuple[list[tuple[str, str, str]], 
                               "dates and lists/structs without binary data can)", path=shown)
         name = col
         if col == label_col:
-            kind, name = "label", "cls"
+            kind, name = label_kind, "cls"
+        elif kind == "file" and _feature_type(features, col) == "Image" \
+                and not is_image_field(col):
+            name = f"{col}.image"  # readers find it as an image field, whatever each row holds
         elif kind == "json" and "." not in col:
             name = f"{col}.json"
         why = check_field_name(name)
@@ -343,8 +402,40 @@ def plan_columns(schema, shown: str, note) -> tuple[list[tuple[str, str, str]], 
         if feature not in (None, "Value", "ClassLabel", "Image") and col != label_col:
             note(f"column {col!r}: the Hugging Face {feature} feature type is not carried "
                  f"(the values are, as {'bytes' if kind == 'file' else kind})")
+        elif kind == "file" and feature is None and not is_image_field(name):
+            note(f"column {col!r} ({{bytes, path}} without a Hugging Face feature) became field "
+                 f"{name!r}, which readers do not take for an image field: if it holds images, "
+                 f"decode it with field={name!r}, or name the column image")
         columns.append((col, kind, name))
     return columns, key_col, classes
+
+
+def _label_column(schema, shown: str, col: str, key_col: str | None,
+                  labels: list[str]) -> tuple[str, str]:
+    """(column, kind) of ``--label-column``, or a one-line :class:`SourceError`."""
+    names = schema.names
+    listed = ", ".join(names)
+    if col not in names:
+        raise SourceError(f"--label-column {col!r}: no such column (the columns are: {listed})",
+                          path=shown)
+    if col == key_col:
+        raise SourceError(f"--label-column {col!r} is the sample key column", path=shown)
+    others = [n for n in labels if n != col]
+    if others:
+        raise SourceError(f"--label-column {col!r}: the Hugging Face ClassLabel column "
+                          f"{others[0]!r} already becomes field 'cls' (the columns are: "
+                          f"{listed})", path=shown,
+                          hint=f"drop --label-column, or pass --label-column {others[0]}")
+    t = schema.field(col).type
+    kind = _kind(t)
+    if kind == "int":
+        return col, "label"
+    if kind == "string":
+        return col, "classname"
+    if kind == "null":
+        raise SourceError(f"--label-column {col!r} holds only nulls", path=shown)
+    raise SourceError(f"--label-column {col!r} has type {t}: a label column must hold integers "
+                      "or strings", path=shown)
 
 
 def _feature_type(features: dict, column: str) -> str | None:
