@@ -10,6 +10,9 @@ import click
 from . import __version__
 from . import format as fmt
 from .errors import ShardpackError
+from .pack import plural
+from .plan import CHECKS
+from .samples import GROUPS
 
 
 class _Group(click.Group):
@@ -89,7 +92,7 @@ def _shard_options(fn):
                           "(never upscales), once, at pack time."),
         click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
                      help="JPEG/WebP quality when --resize re-encodes."),
-        click.option("--check", type=click.Choice(["none", "quick", "full"]), default="quick",
+        click.option("--check", type=click.Choice(CHECKS), default="quick",
                      show_default=True,
                      help="Image check while packing. quick: headers and end markers, no "
                           "decode (empty files, HTML saved as .png, truncated images); full: "
@@ -125,7 +128,7 @@ def _report(summary) -> None:
 @click.option("--layout", type=click.Choice(["auto", "imagefolder", "files"]), default="auto",
               show_default=True, help="imagefolder: class subfolders add an integer field `cls`; "
               "auto picks it when every top-level entry is a folder.")
-@click.option("--group", type=click.Choice(["auto", "image", "webdataset"]), default="auto",
+@click.option("--group", type=click.Choice(GROUPS), default="auto",
               show_default=True,
               help="How files make samples. image: each image file is one sample, key = its "
                    "path without the last extension (dots kept), same-stem files join it as "
@@ -249,8 +252,7 @@ def info(dataset, as_json, storage_options):
     rows = [
         ("dataset", f"{dataset} (shardpack format v{m['version']})"),
         ("format", f"{m['shard_format']}, compression {m['compression']}"),
-        ("samples", f"{m['num_samples']:,} in {m['num_shards']} "
-                    f"shard{'' if m['num_shards'] == 1 else 's'}"),
+        ("samples", f"{m['num_samples']:,} in {plural(m['num_shards'], 'shard')}"),
         ("bytes", f"{m['num_bytes']:,} ({m['num_bytes'] / 1e6:,.1f} MB)"),
         ("fields", ", ".join(m["fields"])),
         ("classes", f"{len(classes)}: " + ", ".join(classes[:20]) +
@@ -284,9 +286,9 @@ def verify(dataset, decode, quiet, storage_options):
                         progress=not quiet and sys.stderr.isatty(), decode=decode)
     for problem in report.problems:
         click.echo(f"BAD {problem}")
-    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
-    click.echo(f"{status}: {report.shards} shards, {report.samples:,} samples, "
-               f"{report.bytes / 1e6:,.1f} MB checked")
+    status = "OK" if report.ok else f"FAILED ({plural(len(report.problems), 'problem')})"
+    click.echo(f"{status}: {plural(report.shards, 'shard')}, "
+               f"{plural(report.samples, 'sample')}, {report.bytes / 1e6:,.1f} MB checked")
     sys.exit(0 if report.ok else 1)
 
 
@@ -412,7 +414,8 @@ def cache_info(cache_dir):
     from .cache import ShardCache, default_cache_dir
 
     usage = ShardCache(cache_dir or default_cache_dir(), 0).usage()
-    click.echo(f"{usage['dir']}: {usage['files']} shards, {usage['bytes'] / 1e6:,.1f} MB")
+    click.echo(f"{usage['dir']}: {plural(usage['files'], 'shard')}, "
+               f"{usage['bytes'] / 1e6:,.1f} MB")
 
 
 @cache.command(name="clear")
@@ -422,7 +425,7 @@ def cache_clear(cache_dir):
     from .cache import ShardCache, default_cache_dir
 
     removed = ShardCache(cache_dir or default_cache_dir(), 0).clear()
-    click.echo(f"removed {removed} cached shards")
+    click.echo(f"removed {plural(removed, 'cached shard')}")
 
 
 if __name__ == "__main__":

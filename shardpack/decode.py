@@ -165,65 +165,81 @@ def reference_decode(data: bytes, opts: CropOptions, rnd: _Random | None = None)
     return out[:, ::-1] if _flip(rnd, opts) else out
 
 
-def _image_fields(batch: dict, field: str | None) -> list:
-    """Pop the image field(s) of a batch: ``[(name, BytesBatch)]``.  ``field`` None finds them
-    by name (:func:`shardpack.images.is_image_field`): a batch of mixed formats has several
-    (``jpg``, ``JPEG``, ``png``), each sample holding exactly one, the others empty."""
+def _image_fields(batch: dict, field: str | None) -> tuple[list, list]:
+    """Pop a batch's image bytes.  Returns (names, choice): the image fields used,
+    ``[(name, BytesBatch)]``, and for each sample the position in it of the sample's image, -1
+    when it has none.  ``field`` None finds image fields by name
+    (:func:`shardpack.images.is_image_field`): a batch of mixed formats has several (``jpg``,
+    ``JPEG``, ``png``), each sample holding one, the others empty; a sample with several takes
+    the primary one (:func:`_primary`).  Image fields no sample's choice used stay in the batch
+    (``seg.png`` beside ``jpg``)."""
     from .images import is_image_field
 
     names = [field] if field is not None else [n for n in batch if is_image_field(n)]
-    if not names:
+    if not names or names[0] not in batch:
         have = ", ".join(n for n in batch if not n.startswith("__"))
-        raise DecodeError(f"no image field in the batch (fields: {have}); name one with "
-                          "field=...")
-    if field is not None and field not in batch:
-        raise DecodeError(f"no field {field!r} in the batch (fields: "
-                          f"{', '.join(n for n in batch if not n.startswith('__'))})")
-    return [(name, batch.pop(name)) for name in names]
+        what = f"no field {field!r}" if field is not None else "no image field"
+        raise DecodeError(f"{what} in the batch (fields: {have}); name one with field=...")
+    if len(names) == 1:
+        items = batch.pop(names[0])
+        return [(names[0], items)], [0] * len(items)
+    sizes = np.stack([np.diff(batch[name].offsets.numpy()) for name in names])  # [F, n]
+    choice = []
+    for i in range(sizes.shape[1]):
+        found = np.flatnonzero(sizes[:, i]).tolist()
+        choice.append(-1 if not found else found[0] if len(found) == 1 else
+                      names.index(_primary([names[f] for f in found])))
+    used = sorted(set(choice) - {-1})
+    position = {f: k for k, f in enumerate(used)}
+    return ([(names[f], batch.pop(names[f])) for f in used],
+            [position.get(c, -1) for c in choice])
+
+
+def _primary(found: list[str]) -> str:
+    """The image field of a sample that has several: the one named by an extension alone
+    (``jpg`` beside ``seg.png`` and ``depth.png``, as WebDataset samples have them).  Two such
+    (``jpg`` and ``png``) is a question only the user can answer: a ValueError, which
+    ``on_error="skip"`` does not turn into a zero image."""
+    plain = [name for name in found if "." not in name]
+    if len(plain) != 1:
+        raise ValueError(f"a sample has {len(found)} image fields ({', '.join(found)}) and none "
+                         "is the obvious one: choose with CpuDecode(field=...) / "
+                         "DeviceLoader(field=...)")
+    return plain[0]
 
 
 def image_items(batch: dict, field: str | None):
     """Pop a batch's image bytes (:func:`_image_fields`); returns ``image_of(i)``, sample i's
-    image as a bytes-like, which raises :class:`DecodeError` for a sample with no image field or
-    with two."""
-    parts = [(name, items.data.numpy(), items.offsets.numpy())
-             for name, items in _image_fields(batch, field)]
-    if len(parts) == 1:
-        _, raw, offsets = parts[0]
-        return lambda i: raw[offsets[i]:offsets[i + 1]]
+    image as a bytes-like.  A sample without an image raises :class:`DecodeError`."""
+    parts, choice = _image_fields(batch, field)
+    parts = [(items.data.numpy(), items.offsets.numpy()) for _, items in parts]
 
     def image_of(i: int):
-        found = [(name, raw[offsets[i]:offsets[i + 1]]) for name, raw, offsets in parts
-                 if offsets[i + 1] > offsets[i]]
-        if len(found) != 1:
-            raise DecodeError("sample has no image field" if not found else
-                              f"sample has {len(found)} image fields "
-                              f"({', '.join(n for n, _ in found)}): choose one with field=...")
-        return found[0][1]
+        if choice[i] < 0:
+            raise DecodeError("sample has no image field")
+        raw, offsets = parts[choice[i]]
+        return raw[offsets[i]:offsets[i + 1]]
 
     return image_of
 
 
 def image_batch(batch: dict, field: str | None):
     """Pop a batch's image bytes as one :class:`~shardpack.batches.BytesBatch` (the GPU path).
-    With several image fields, each sample's one non-empty image is copied into a new batch; a
-    sample with none or two gets an empty item, which fails its decode."""
+    With several image fields, each sample's image is copied into a new batch; a sample with
+    none gets an empty item, which fails its decode."""
     from .batches import BytesBatch
     from .torchenv import torch
 
-    parts = _image_fields(batch, field)
+    parts, choice = _image_fields(batch, field)
     if len(parts) == 1:
         return parts[0][1]
-    count = len(parts[0][1])
-    chosen = []
-    for i in range(count):
-        found = [items.data[int(items.offsets[i]):int(items.offsets[i + 1])]
-                 for _, items in parts if int(items.offsets[i + 1]) > int(items.offsets[i])]
-        chosen.append(found[0] if len(found) == 1 else torch.empty(0, dtype=torch.uint8))
-    offsets = torch.zeros(count + 1, dtype=torch.int64)
+    empty = torch.empty(0, dtype=torch.uint8)
+    chosen = [empty if c < 0 else parts[c][1].data[int(parts[c][1].offsets[i]):
+                                                  int(parts[c][1].offsets[i + 1])]
+              for i, c in enumerate(choice)]
+    offsets = torch.zeros(len(chosen) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor([len(c) for c in chosen], dtype=torch.int64), 0)
-    return BytesBatch(torch.cat(chosen) if chosen else torch.empty(0, dtype=torch.uint8),
-                      offsets)
+    return BytesBatch(torch.cat(chosen) if chosen else empty, offsets)
 
 
 HEAD_START_WAIT = 1.0  # seconds a worker waits at most for worker 0's first batch

@@ -190,9 +190,8 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
                                  "replace it", path=out, hint="choose another folder")
     for shard in range(len(reader.shards)):
         index = reader.index(shard)
-        present = index.field_offsets != fmt.MISSING
         summary.samples += index.num_samples
-        summary.bytes += int(index.field_sizes[present].sum())
+        summary.bytes += int(index.entry_sizes.sum())
     if not busy:
         summary.files = unpack(dataset, out, storage_options, progress)
         return

@@ -359,13 +359,15 @@ INDEX_MAGIC = b"SPKINDEX"
 INDEX_HEADER = struct.Struct("<8sIBBHQIIQ16sQQ")  # 72 bytes, see docs/format.md
 INDEX_TRAILER = struct.Struct("<Q")
 INDEX_WIDE = 1  # header flags (v2): entry offsets and sizes are u64; else u32 (all < 2^32)
+MAX_INDEX_FIELDS = 0xFFFF  # entry field numbers are u16
 _FORMAT_CODE = {"tar": 0, "msgpack": 1}
 _COMPRESSION_CODE = {"none": 0, "zstd": 1}
 
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """One shard's index.  Arrays are read-only numpy views of the index bytes."""
+    """One shard's index.  Arrays are read-only numpy views of the index bytes (version 1's dense
+    tables are turned into the same sparse entries when the index is decoded)."""
 
     shard_format: str
     compression: str
@@ -377,8 +379,10 @@ class ShardIndex:
     starts: np.ndarray       # uint64[n+1]: sample i is bytes [starts[i], starts[i+1]) of the shard
     raw_sizes: np.ndarray    # uint64[n]: payload size after decompression (tar: record size)
     sample_hashes: np.ndarray  # uint64[n]: xxh3-64 of the sample's stored bytes
-    field_offsets: np.ndarray  # uint64[n, F]: offset of a field in the payload, MISSING if absent
-    field_sizes: np.ndarray    # uint64[n, F]
+    field_runs: np.ndarray     # int64[n+1]: sample i's fields are entries [runs[i], runs[i+1])
+    entry_fields: np.ndarray   # [m]: field number (into ``fields``) of each entry
+    entry_offsets: np.ndarray  # [m]: offset of the entry's field in its sample's payload
+    entry_sizes: np.ndarray    # [m]: its size
     key_offsets: np.ndarray    # uint64[n+1] into key_blob
     key_blob: bytes
     version: int = FORMAT_VERSION
@@ -399,19 +403,30 @@ class ShardIndex:
         return [self.key(i) for i in range(self.num_samples)]
 
     @functools.cached_property
-    def field_spans(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    def entry_rows(self) -> np.ndarray:
+        """int64[m]: the sample of each entry."""
+        return np.repeat(np.arange(self.num_samples), np.diff(self.field_runs))
+
+    @functools.cached_property
+    def field_spans(self) -> "_FieldSpans":
         """Uncompressed shards: per field, (start in the shard file, size) of every sample's value
-        as int64, size 0 where a sample lacks the field.  Computed once per index, so that a batch
-        gather does two lookups per field instead of re-deriving them."""
-        base = self.starts[:-1].astype(np.int64)
-        if self.shard_format == "msgpack":
-            base += RECORD_HEADER.size
-        out = {}
-        for col, name in enumerate(self.fields):
-            off = self.field_offsets[:, col]
-            present = off != MISSING
-            out[name] = (base + np.where(present, off, 0).astype(np.int64),
-                         np.where(present, self.field_sizes[:, col], 0).astype(np.int64))
+        as int64, size 0 where a sample lacks the field.  Each field's arrays are made on first
+        use and kept, so a batch gather does two lookups per field instead of re-deriving them,
+        and memory grows with the fields asked for, not with every name in the shard."""
+        return _FieldSpans(self)
+
+    @functools.cached_property
+    def field_offsets(self) -> np.ndarray:
+        """Dense uint64[n, F] view of the entries, MISSING where a sample lacks a field (tools and
+        tests; readers use the entries)."""
+        out = np.full((self.num_samples, len(self.fields)), MISSING, dtype="<u8")
+        out[self.entry_rows, self.entry_fields] = self.entry_offsets
+        return out
+
+    @functools.cached_property
+    def field_sizes(self) -> np.ndarray:
+        out = np.zeros((self.num_samples, len(self.fields)), dtype="<u8")
+        out[self.entry_rows, self.entry_fields] = self.entry_sizes
         return out
 
     @functools.cached_property
@@ -425,12 +440,38 @@ class ShardIndex:
 
     def sample_fields(self, i: int) -> list[tuple[str, int, int]]:
         """``[(field, offset, size)]`` of the fields sample ``i`` has, offsets into its payload."""
-        out = []
-        for f, name in enumerate(self.fields):
-            off = self.field_offsets[i, f]
-            if off != MISSING:
-                out.append((name, int(off), int(self.field_sizes[i, f])))
-        return out
+        a, b = int(self.field_runs[i]), int(self.field_runs[i + 1])
+        return [(self.fields[f], off, size) for f, off, size in zip(
+            self.entry_fields[a:b].tolist(), self.entry_offsets[a:b].tolist(),
+            self.entry_sizes[a:b].tolist())]
+
+
+class _FieldSpans:
+    """``name -> (starts, sizes)`` of :attr:`ShardIndex.field_spans`, made per field on use."""
+
+    def __init__(self, index: ShardIndex):
+        self.index = index
+        self.numbers = {name: i for i, name in enumerate(index.fields)}
+        self.made: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __contains__(self, name) -> bool:
+        return name in self.numbers
+
+    def __getitem__(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        spans = self.made.get(name)
+        if spans is None:
+            index = self.index
+            base = index.starts[:-1].astype(np.int64)
+            if index.shard_format == "msgpack":
+                base += RECORD_HEADER.size
+            mine = index.entry_fields == self.numbers[name]
+            rows = index.entry_rows[mine]
+            starts = base.copy()
+            sizes = np.zeros(index.num_samples, dtype=np.int64)
+            starts[rows] += index.entry_offsets[mine].astype(np.int64)
+            sizes[rows] = index.entry_sizes[mine].astype(np.int64)
+            spans = self.made[name] = (starts, sizes)
+        return spans
 
 
 def encode_index(*, shard_format: str, compression: str, shard_bytes: int, shard_hash: bytes,
@@ -443,6 +484,9 @@ def encode_index(*, shard_format: str, compression: str, shard_bytes: int, shard
     with the number of distinct field names in the shard.  ``field_offsets`` / ``field_sizes``
     come dense, ``[n, len(fields)]``, MISSING where a sample lacks a field."""
     n = len(raw_sizes)
+    if len(fields) > MAX_INDEX_FIELDS:
+        raise FormatError(f"{len(fields):,} distinct field names in one shard: at most "
+                          f"{MAX_INDEX_FIELDS:,} fit an index")
     names = b"".join(struct.pack("<H", len(f.encode())) + f.encode() for f in fields)
     names += bytes(-len(names) % 8)
     key_bytes = [k.encode("utf-8", "surrogateescape") for k in keys]
@@ -494,11 +538,18 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
     if xxhash.xxh3_64_intdigest(memoryview(buf)[:size - INDEX_TRAILER.size]) != stored:
         raise IntegrityError("index checksum mismatch (corrupt or truncated index)", path=path)
     pos = INDEX_HEADER.size
-    fields = []
     end = pos + names_len
+    if end > size - INDEX_TRAILER.size or 2 * nfields > names_len:
+        raise FormatError("index field-name table runs past the index", path=path)
+    fields = []
     for _ in range(nfields):
         (ln,) = struct.unpack_from("<H", buf, pos)
-        fields.append(bytes(buf[pos + 2:pos + 2 + ln]).decode("utf-8"))
+        if pos + 2 + ln > end:
+            raise FormatError("index field-name table runs past its length", path=path)
+        try:
+            fields.append(bytes(buf[pos + 2:pos + 2 + ln]).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise FormatError("index field name is not UTF-8", path=path) from None
         pos += 2 + ln
     pos = end
 
@@ -513,31 +564,31 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
 
     starts, raw_sizes, hashes = array(n + 1), array(n), array(n)
     if version == 1:
-        foff, fsize = array(n * nfields), array(n * nfields)
+        # dense n x F tables (their size is bounded by the file's): turned into entries
+        foff = array(n * nfields).reshape(n, nfields)
+        fsize = array(n * nfields).reshape(n, nfields)
+        rows, cols = np.nonzero(foff != MISSING)
+        runs = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows, minlength=n), out=runs[1:])
+        entry_fields, entry_offsets, entry_sizes = cols, foff[rows, cols], fsize[rows, cols]
     else:
-        field_index = array(n + 1)
-        entries = int(field_index[-1]) if n else 0
-        if field_index[0] != 0 or np.any(field_index[1:] < field_index[:-1]) or (
-                entries > n * nfields):
-            raise FormatError("index field runs are not increasing", path=path)
         if flags & ~INDEX_WIDE:
             raise VersionError(f"unknown index flags {flags:#x}: expected only "
                                f"{INDEX_WIDE:#x}", path=path)
+        runs = array(n + 1).astype(np.int64)  # int64: a crafted u64 past 2^63 turns negative
+        entries = int(runs[-1]) if n else 0
+        if n and (runs[0] != 0 or np.any(runs[1:] < runs[:-1]) or entries > n * nfields):
+            raise FormatError("index field runs are not increasing", path=path)
         width = "<u8" if flags & INDEX_WIDE else "<u4"
         entry_offsets, entry_sizes = array(entries, width), array(entries, width)
         entry_fields = array(entries, "<u2")
         if entries and int(entry_fields.max()) >= nfields:
             raise FormatError("index names a field number past its field table", path=path)
-        rows = np.repeat(np.arange(n), np.diff(field_index.astype(np.int64)))
-        foff = np.full((n, nfields), MISSING, dtype="<u8")
-        fsize = np.zeros((n, nfields), dtype="<u8")
-        foff[rows, entry_fields] = entry_offsets
-        fsize[rows, entry_fields] = entry_sizes
+        rows = np.repeat(np.arange(n), np.diff(runs))
         # within a sample, field numbers strictly increase: no field listed twice
         if entries > 1 and not np.all((np.diff(entry_fields.astype(np.int32)) > 0)
                                       | (np.diff(rows) != 0)):
             raise FormatError("index field numbers of a sample are not increasing", path=path)
-        foff.flags.writeable = fsize.flags.writeable = False
     koff = array(n + 1)
     key_len = int(koff[-1])
     if pos + key_len + INDEX_TRAILER.size != size:
@@ -545,14 +596,13 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
     if n and (np.any(starts[1:] < starts[:-1]) or int(starts[-1]) > shard_bytes
               or np.any(koff[1:] < koff[:-1])):
         raise FormatError("index offsets are not increasing or run past the shard", path=path)
-    foff = foff.reshape(n, nfields)
-    fsize = fsize.reshape(n, nfields)
-    present = foff != MISSING
-    if np.any(present & ((foff + fsize) > raw_sizes[:, None])):
+    raw = raw_sizes[rows]  # compared without a sum that could wrap around 2^64
+    if np.any((entry_sizes > raw) | (entry_offsets > raw - np.minimum(entry_sizes, raw))):
         raise FormatError("index field extends past its sample", path=path)
     return ShardIndex(formats[fmt], comps[comp], int(shard_bytes), bytes(shard_hash),
-                      int(plan_digest), int(skipped), tuple(fields), starts, raw_sizes, hashes, foff, fsize,
-                      koff, bytes(buf[pos:pos + key_len]), version)
+                      int(plan_digest), int(skipped), tuple(fields), starts, raw_sizes, hashes,
+                      runs, entry_fields, entry_offsets, entry_sizes, koff,
+                      bytes(buf[pos:pos + key_len]), version)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from . import __version__
 from . import format as fmt
 from .errors import PackError, ShardpackError
 from .plan import PackOptions, ShardTask, parse_size, plan
-from .samples import Source
+from .samples import Source, within
 from .storage import Storage, is_temp_name
 from . import writer
 from .writer import ShardResult, result_from_index, write_shard
@@ -124,7 +124,7 @@ def _inside(out, src, storage_options) -> str | None:
         return None
     root = os.path.realpath(os.fspath(src))
     real = os.path.realpath(storage.root)
-    return real if real.startswith(root + os.sep) else None
+    return real if real != root and within(real, root) else None
 
 
 def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int | None = None,
@@ -164,7 +164,7 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
                                    source_options=source_options, files=files):
             results[result.number] = result
             summary.reused_shards += reused
-            files.task_done(result)
+            files.task_done(result, bool(reused))
             if bar is not None:
                 bar.set_postfix_str(f"{plural(len(results), 'shard')}, "
                                     f"{plural(sum(r.samples for r in results.values()), 'sample')}")
@@ -172,11 +172,13 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
             raise ShardpackError("no samples found in the source", path=source.src,
                                  hint="check SRC, or the skip counts of --skip-bad")
         _finish(storage, source, results, options, summary, origin.get("from"))
-    except BaseException:
+    except BaseException as exc:
         if own_pool is not None:
             own_pool.shutdown(wait=True, cancel_futures=True)
             own_pool = None
         storage.remove_temp_files()
+        if isinstance(exc, ShardpackError):
+            _mark_failed(storage, state, exc)
         raise
     finally:
         writer.on_files = None
@@ -197,21 +199,23 @@ class _FileProgress:
     def __init__(self, bar):
         self.bar = bar
         self.shared = None
-        self.done = 0  # files of finished tasks
+        self.done = 0    # files of finished tasks
+        self.reused = 0  # files of shards kept by --resume
 
     def add(self, n: int) -> None:
         if self.bar is not None:
             self.bar.update(n)
 
-    def task_done(self, result: ShardResult) -> None:
+    def task_done(self, result: ShardResult, reused: bool) -> None:
         self.done += result.files
+        self.reused += result.files if reused else 0
         self.poll()
 
     def poll(self) -> None:
         if self.bar is None:
             return
         live = self.shared.value if self.shared is not None else 0
-        target = max(self.done, live)
+        target = max(self.done, self.reused + live)  # shards kept by --resume write nothing
         if target > self.bar.n:
             self.bar.update(target - self.bar.n)
 
@@ -246,10 +250,12 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
     names = [n for n in storage.listdir() if not is_temp_name(n)]
     ours = [n for n in names if _is_ours(n)]
     foreign = [n for n in names if not _is_ours(n)]
-    if names and not (resume or overwrite) and not foreign and STATE_NAME in names \
-            and fmt.MANIFEST_NAME not in names:
-        # What an unfinished pack left (nothing was published): the same command, rerun once
-        # the source is fixed, starts afresh instead of being refused (docs/packing.md).
+    if names and not (resume or overwrite) and not foreign and fmt.MANIFEST_NAME not in names \
+            and _failed_run_of(storage, state):
+        # What a pack of the same source and options left when it failed with an error (bad
+        # input, disk full; nothing was published): the same command, rerun once the source is
+        # fixed, starts afresh instead of being refused.  An interrupted pack (killed, Ctrl-C)
+        # and a pack still running leave no failure mark: those stay refused (docs/packing.md).
         shards = sum(1 for n in ours if n.endswith(tuple(fmt.SHARD_SUFFIX.values())))
         for name in ours:
             storage.remove(name)
@@ -274,13 +280,20 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
             except (FileNotFoundError, ValueError):
                 raise ShardpackError("output has shards but no pack state to resume from",
                                      path=storage.url, hint="use --overwrite") from None
-            for what in ("source", "from"):
+            # every origin key (source, from, allow_pickle, label_column, ...), not options
+            origin_keys = sorted((set(previous) | set(state)) - {"shardpack", "options",
+                                                                 "failed"})
+            for what in origin_keys:
                 if previous.get(what) != state.get(what):
-                    raise ShardpackError(f"--resume with a different {what} than the "
+                    name = what if what == "source" else _option_flag(what)
+                    raise ShardpackError(f"--resume with a different {name} than the "
                                          f"interrupted run: was {previous.get(what)!r}, now "
                                          f"{state.get(what)!r}", path=storage.url,
                                          hint="rerun with the same source, or use --overwrite")
-            was, now = previous.get("options") or {}, state["options"]
+            # a key an older release did not record had its default then
+            defaults = PackOptions().as_dict()
+            was = {**defaults, **(previous.get("options") or {})}
+            now = state["options"]
             differ = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
             if differ:
                 said = ", ".join(f"{_option_flag(k)} was {was.get(k)!r}, now {now.get(k)!r}"
@@ -296,6 +309,28 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
             storage.remove(name)
     storage.write_atomic(STATE_NAME, json.dumps(state, sort_keys=True).encode())
     return notes
+
+
+def _mark_failed(storage: Storage, state: dict, exc: BaseException) -> None:
+    """Record in the pack state that this run ended with an error (see _prepare_out); not once
+    the manifest is written (the dataset is published, its state is gone)."""
+    try:
+        if storage.exists(fmt.MANIFEST_NAME):
+            return
+        storage.write_atomic(STATE_NAME, json.dumps({**state, "failed": str(exc)},
+                                                    sort_keys=True).encode())
+    except (OSError, ShardpackError):  # a full disk, say: then the folder stays refused
+        pass
+
+
+def _failed_run_of(storage: Storage, state: dict) -> bool:
+    """Whether OUT's pack state says a run of this same source and options failed."""
+    try:
+        previous = json.loads(storage.read_bytes(STATE_NAME))
+    except (FileNotFoundError, ValueError, ShardpackError):
+        return False
+    return isinstance(previous, dict) and "failed" in previous and \
+        {k: v for k, v in previous.items() if k != "failed"} == state
 
 
 def _option_flag(name: str) -> str:
@@ -410,9 +445,8 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
     summary.ignored = getattr(report, "ignored", 0)
     summary.index_bytes = sum(r.index_bytes for r in ordered)
     if getattr(report, "first_ignored", None):
-        summary.notes.append(f"ignored {plural(report.ignored, 'file')} that "
-                             f"{'is' if report.ignored == 1 else 'are'} neither an image nor a "
-                             f"sidecar of one, e.g. {report.first_ignored[0]}")
+        summary.notes.append(f"files that are neither images nor sidecars of one are not "
+                             f"samples, e.g. {report.first_ignored[0]}")
     if getattr(report, "excluded", None):
         summary.notes.append(f"left the output folder out of the walk: {report.excluded}")
     summary.skipped = dict(skipped)

@@ -21,10 +21,11 @@ import xxhash
 
 from .errors import ShardpackError, SourceError
 from .format import COMPRESSIONS, SHARD_FORMATS, TAR_BLOCK
+from .images import is_image_field
 from .samples import SourceSample
 
 DEFAULT_MAX_SAMPLES = 100_000
-CHECKS = ("none", "quick", "full")  # image checks at pack time (shardpack.images)
+CHECKS = ("none", "quick", "full")  # image checks at pack time (writer.py, shardpack.images)
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -110,45 +111,58 @@ class ShardTask:
 
 
 class FieldCensus:
-    """Stops a pack whose field names explode: many distinct names, most in one sample each.
-    That is what grouping by the first dot makes of dotted file names (``IMG_2019.01.05.jpg`` ->
-    key ``IMG_2019``, field ``01.05.jpg``): images folded into one sample, an index that grows
-    with every name.  Real multi-field datasets repeat their few names in every sample.
-    Checked whenever the count of names reaches a multiple of CHECK_EVERY, and at the end."""
+    """Stops a pack whose samples are dotted file names folded together.  Grouping by the first
+    dot makes ``IMG_2019.01.05_1234.jpg`` key ``IMG_2019`` with field ``01.05_1234.jpg``: images
+    folded into one sample, one field name per image.  Folding always yields field names with a
+    dot, so only those are counted: the check fails when at least MIN_RARE dotted names occur in
+    a single sample each and they are most of the dotted names (real multi-field datasets repeat
+    their few dotted names, ``seg.png``, in every sample), or when one sample holds more than
+    MAX_IMAGES_PER_SAMPLE image fields (numbered frames folded per folder: ``frame.0001.jpg``
+    repeats across folders, so its names are not rare).  Checked every CHECK_EVERY new names
+    (an exploding source fails early) and at the end."""
 
-    MIN_NAMES = 16      # fewer distinct names than this never trip the check
-    CHECK_EVERY = 1024  # an exploding source fails after ~1k names, not after the whole walk
+    MIN_RARE = 4
+    CHECK_EVERY = 1024
+    MAX_IMAGES_PER_SAMPLE = 256
 
     def __init__(self):
-        self.counts: dict[str, int] = {}
-        self.example: tuple[str, str] | None = None  # (key, field) of a folded sample
+        self.counts: dict[str, int] = {}   # dotted field name -> samples that have it
+        self.first: dict[str, str] = {}    # dotted field name -> key of its first sample
 
     def add(self, sample: SourceSample) -> None:
         counts = self.counts
+        images = 0
         for f in sample.fields:
-            n = counts.get(f.name)
+            name = f.name
+            if "." not in name:
+                continue
+            images += is_image_field(name)
+            n = counts.get(name)
             if n is None:
-                counts[f.name] = 1
+                counts[name] = 1
+                self.first[name] = sample.key
                 if len(counts) % self.CHECK_EVERY == 0:
                     self.check()
-                if self.example is None and len(counts) > self.MIN_NAMES:
-                    self.example = (sample.key, f.name)
             else:
-                counts[f.name] = n + 1
+                counts[name] = n + 1
+        if images > self.MAX_IMAGES_PER_SAMPLE:
+            name = next(f.name for f in sample.fields if "." in f.name and is_image_field(f.name))
+            self._fail(f"sample {sample.key!r} holds {images:,} image fields (e.g. {name!r})")
 
     def check(self) -> None:
-        names = len(self.counts)
-        if names < self.MIN_NAMES:
+        rare = [name for name, n in self.counts.items() if n == 1]
+        if len(rare) < self.MIN_RARE or 2 * len(rare) <= len(self.counts):
             return
-        rare = sum(1 for n in self.counts.values() if n == 1)
-        if 2 * rare <= names:
-            return
-        key, name = self.example
-        raise SourceError(
-            f"{names:,} distinct field names, {rare:,} of them in a single sample (e.g. sample "
-            f"{key!r} has field {name!r}): file names with dots are being folded together",
-            hint="pass --group image for one sample per image file (key = name without the "
-                 "last extension), or rename the files to <key>.<field>")
+        self._fail(f"{len(self.counts):,} distinct dotted field names, {len(rare):,} of them in "
+                   f"a single sample (e.g. sample {self.first[rare[0]]!r} has field "
+                   f"{rare[0]!r})")
+
+    @staticmethod
+    def _fail(what: str) -> None:
+        raise SourceError(f"{what}: file names with dots are being folded into one sample",
+                          hint="pass --group image for one sample per image file (key = name "
+                               "without the last extension), or rename the files to "
+                               "<key>.<field>")
 
 
 def plan(samples: Iterable[SourceSample], options: PackOptions,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 
-from .errors import SourceError
+from .errors import BrokenImageError
 from .images import check_image, image_format, is_image_field, sniff  # noqa: F401 (re-exported)
 
 REENCODED = ("JPEG", "PNG", "WEBP")  # formats resized; the others pass through once checked
@@ -30,7 +30,7 @@ def resize_image(data: bytes, field: str, short_side: int, quality: int, path: s
     named = image_format(field)
     reason = check_image(data, field)
     if reason:
-        raise SourceError(f"cannot resize: not a valid {named or 'image'}"
+        raise BrokenImageError(f"cannot resize: not a valid {named or 'image'}"
                           f"{' image' if named else ''} ({reason})", path=path,
                           hint="remove it, or pass --skip-bad to skip and count it")
     fmt = sniff(data)  # the content's format, which may differ from the field name's
@@ -55,5 +55,5 @@ def resize_image(data: bytes, field: str, short_side: int, quality: int, path: s
             img.save(out, fmt, **kwargs, **keep)
             return out.getvalue()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise SourceError(f"cannot resize: not a valid {fmt} image ({exc})", path=path,
+        raise BrokenImageError(f"cannot resize: not a valid {fmt} image ({exc})", path=path,
                           hint="remove it, or pass --skip-bad to skip and count it") from None

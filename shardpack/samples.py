@@ -186,9 +186,6 @@ class Source:
                 self.report.hidden += 1
                 continue
             path = f"{folder}/{name}"
-            if self._exclude is not None and self._excluded(path):
-                self.report.excluded = path
-                continue
             if not name.isascii():
                 try:
                     name.encode("utf-8")
@@ -205,7 +202,10 @@ class Source:
             else:
                 kind, st = self._classify(entry, path, ancestors)
                 if kind == "dir":
-                    dirs.append((name, path))
+                    if self._excluded(path):  # OUT inside SRC: only a folder can be OUT
+                        self.report.excluded = path
+                    else:
+                        dirs.append((name, path))
                 if kind != "file":
                     continue
             if by_image:
@@ -273,7 +273,11 @@ class Source:
             stem, ext, path = item[0], item[1], item[2]
             owner = None
             if ext:  # a file without extension has no field name: never a sidecar
-                owner = stem if stem in images else names.get(stem)
+                if stem in images:
+                    owner = stem
+                elif stem in names:  # x.jpg.json: field jpg.json, so unpack writes it back
+                    owner = names[stem]
+                    item = (owner, stem[len(owner) + 1:] + "." + ext) + item[2:]
             if owner is None:  # no image of that name here: not a sample (Thumbs.db, ...)
                 self.report.ignored += 1
                 if len(self.report.first_ignored) < 5:
@@ -284,8 +288,8 @@ class Source:
         for stem in sorted(images):
             group, seen = [], set()
             for _, ext, path, size, mtime in images[stem]:
-                if ext in seen:  # x.json and x.jpg.json both for x.jpg
-                    self._bad(path, f"a second sidecar for field {ext!r} of sample "
+                if ext in seen:  # cannot happen: one folder holds one file of each name
+                    self._bad(path, f"a second file for field {ext!r} of sample "
                                     f"{prefix + stem!r}", "duplicate")
                     continue
                 seen.add(ext)
@@ -296,24 +300,28 @@ class Source:
                 out.append(sample)
         return out
 
+    PEEK_FOLDERS = 8  # folders holding files that _holds_images looks at, at most
+
     def _holds_images(self) -> bool:
-        """Whether the first folder (in walk order) that holds files holds an image file: an
-        ImageFolder of images groups one sample per image, one of other files (audio, arrays)
-        keeps WebDataset grouping.  Looks at one folder listing, not the tree."""
+        """Whether the tree holds images, judged from the first PEEK_FOLDERS folders (walk order)
+        that hold files: an ImageFolder of images groups one sample per image, one of other files
+        (audio, arrays) keeps WebDataset grouping.  A folder of only junk (Thumbs.db) does not
+        decide it; a few listings are read, not the tree."""
+        looked = 0
         for dirpath, dirnames, filenames in os.walk(self.src):
             dirnames.sort()
             dirnames[:] = [d for d in dirnames if not d.startswith(".")
                            and not self._excluded(os.path.join(dirpath, d))]
             names = [n for n in filenames if not n.startswith(".")]
-            if names:
-                return any(n.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for n in names)
+            if any(n.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for n in names):
+                return True
+            looked += bool(names)
+            if looked >= self.PEEK_FOLDERS:
+                return False
         return False
 
     def _excluded(self, path: str) -> bool:
-        if self._exclude is None:
-            return False
-        real = os.path.realpath(path)
-        return real == self._exclude or real.startswith(self._exclude + os.sep)
+        return self._exclude is not None and within(os.path.realpath(path), self._exclude)
 
     def _sample(self, key: str, group: list, extra: SourceField | None) -> SourceSample | None:
         if extra is None:
@@ -332,7 +340,7 @@ class Source:
         try:
             if entry.is_symlink():
                 real = os.path.realpath(path)
-                if real != self.root and not real.startswith(self.root + os.sep):
+                if not within(real, self.root):
                     self._bad(path, f"symlink points outside the source ({real})", "link-outside")
                     return None, None
                 st = os.stat(path)
@@ -360,6 +368,11 @@ class Source:
         return "file", st
 
 
+def within(real: str, root: str) -> bool:
+    """Whether the real path ``real`` is ``root`` or lies below it."""
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
 def _scandir_sorted(folder: str) -> list[os.DirEntry]:
     with os.scandir(folder) as it:
         return sorted(it, key=lambda e: e.name)
@@ -384,8 +397,6 @@ def _read_listing(path: str, source: Source) -> Iterator[SourceSample]:
             key = f"{rel}/{stem}" if rel else stem
         key = str(key)
         why = check_field_name(fname) or unsafe_name_reason(key)
-        if why is None and "." in key.rsplit("/", 1)[-1]:
-            why = "key has a dot in its last part (readers split key and field at that dot)"
         if why:
             source._bad(where, why, "bad-name")
             continue

@@ -39,11 +39,16 @@ def unpack(url, out, storage_options: dict | None = None, progress: bool = False
     # so that packing the result again gives the same samples.
     folder_classes = reader.manifest.get("layout") == "imagefolder"
     try:
-        for name in (reader.manifest.get("classes") or []) if folder_classes else []:
-            why = fmt.unsafe_name_reason(name)
-            if why or "/" in name:
-                raise UnsafePathError(f"refusing to make class folder {name!r}: "
-                                      f"{why or 'has a /'}", path=reader.url)
+        classes = (reader.manifest.get("classes") or []) if folder_classes else []
+        for name in classes:
+            why = (fmt.unsafe_name_reason(name) if isinstance(name, str) else "not a string")
+            if why is None and "/" in name:
+                why = "has a /"
+            if why is None and classes.count(name) > 1:
+                why = "listed twice"
+            if why:
+                raise UnsafePathError(f"refusing to make class folder {name!r}: {why}",
+                                      path=reader.url)
             os.mkdir(os.path.join(tmp, name))
         skip = "cls" if folder_classes else None
         for shard in range(len(reader.shards)):

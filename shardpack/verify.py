@@ -86,6 +86,7 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
         except ShardpackError as exc:
             problems.append(Problem(path, exc.message))
     view = memoryview(data)
+    images: list[Problem] = []  # undecodable images: reported after the structural checks
     for row in range(index.num_samples):
         report.samples += 1
         start, end = index.span(row)
@@ -105,12 +106,12 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
             problems.append(Problem(path, exc.message, key))
             continue
         if decode:
-            problems += _check_images(index, row, record, path, key)
+            images += _check_images(index, row, record, path, key)
     if index.shard_format == "tar" and not problems:
         tail = data[int(index.starts[-1]):]
         if tail != fmt.TAR_END:
             problems.append(Problem(path, "tar shard does not end with two zero blocks"))
-    return problems
+    return problems + images
 
 
 def _check_images(index: fmt.ShardIndex, row: int, record, path: str, key: str) -> list[Problem]:

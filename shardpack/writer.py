@@ -439,7 +439,7 @@ def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
     if hasher.digest() != index.shard_hash:
         return None
     # every field of every kept sample, as written (after any --resize)
-    source_bytes = int(index.field_sizes.sum())
+    source_bytes = int(index.entry_sizes.sum())
     skipped = {"read-failed": index.skipped} if index.skipped else {}
     return ShardResult(task.number, shard, index_file, index.num_samples, index.shard_bytes,
                        hasher.hexdigest(), len(data), fmt.content_hash(data), index.fields,

@@ -238,12 +238,12 @@ def test_corrupt_image_with_resize(tmp_path):
     result = run_cli("pack", src, tmp_path / "out", "--resize", "64", "--workers", "1", ok=None)
     assert_one_line_error(result, str(src / "bad.jpg"), "JPEG")  # the quick check, first
     assert_nothing_published(tmp_path / "out")
-    result = run_cli("pack", src, tmp_path / "out", "--resize", "64", "--workers", "1",
+    result = run_cli("pack", src, tmp_path / "out2", "--resize", "64", "--workers", "1",
                      "--check", "none", ok=None)
     assert_one_line_error(result, str(src / "bad.jpg"), "not a valid JPEG")  # resize's own
     result = run_cli("pack", src, tmp_path / "out", "--resize", "64", "--skip-bad",
                      "--overwrite", "--workers", "1", "--check", "none")
-    assert "skipped 1 read-failed" in result.output
+    assert "skipped 1 broken-image" in result.output
 
 
 def test_non_empty_out_refused_and_overwrite_rules(src, tmp_path):

@@ -245,3 +245,89 @@ def test_crc_and_hash_are_standard():
 
 def test_integrity_error_is_a_value_error():
     assert issubclass(IntegrityError, ValueError)
+
+
+def _resealed(data: bytearray) -> bytes:
+    import struct
+
+    import xxhash
+
+    body = bytes(data[:-8])
+    return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
+
+
+def test_index_field_past_its_sample_cannot_wrap_around():
+    """offset 2^64 - 2 plus size 10 wraps to 8 in u64 arithmetic: must still be refused."""
+    import numpy as np
+
+    foff = np.array([[(1 << 64) - 2]], dtype="<u8")
+    data = fmt.encode_index(
+        shard_format="tar", compression="none", shard_bytes=2048, shard_hash=bytes(16),
+        plan_digest=0, skipped=0, fields=["jpg"], starts=[0, 1024], raw_sizes=[1024],
+        sample_hashes=[0], field_offsets=foff, field_sizes=np.array([[10]], dtype="<u8"),
+        keys=["k"])
+    with pytest.raises(FormatError, match="extends past its sample"):
+        fmt.decode_index(data, "x.idx")
+
+
+def test_index_with_a_field_listed_twice_is_refused():
+    import struct
+
+    data = bytearray(fmt.encode_index(**_index()))
+    names_len = struct.unpack_from("<I", data, 28)[0]
+    n = 3
+    runs = fmt.INDEX_HEADER.size + names_len + 8 * (3 * n + 1)
+    entries = struct.unpack_from("<Q", data, runs + 8 * n)[0]
+    fields_at = runs + 8 * (n + 1) + 2 * (4 * entries + -(4 * entries) % 8)
+    # sample 1 has entries 1 and 2 (cls, jpg): make both say cls
+    struct.pack_into("<H", data, fields_at + 2 * 2, 0)
+    with pytest.raises(FormatError, match="not increasing"):
+        fmt.decode_index(_resealed(data), "x.idx")
+
+
+def test_index_names_table_is_bounded():
+    import struct
+
+    data = bytearray(fmt.encode_index(**_index()))
+    struct.pack_into("<I", data, 24, 5000)  # F = 5,000 names in an 8-byte table
+    with pytest.raises(FormatError, match="field-name table"):
+        fmt.decode_index(_resealed(data), "x.idx")
+    data = bytearray(fmt.encode_index(**_index()))
+    struct.pack_into("<H", data, fmt.INDEX_HEADER.size, 200)  # a name longer than the table
+    with pytest.raises(FormatError, match="field-name table"):
+        fmt.decode_index(_resealed(data), "x.idx")
+
+
+def test_many_field_names_cost_no_dense_table():
+    """4,000 field names and 100 samples of one field each: decoding keeps the entries sparse
+    (a crafted index must not make a reader allocate n x F cells)."""
+    import numpy as np
+
+    n, width = 100, 4000
+    foff = np.full((n, width), fmt.MISSING, dtype="<u8")
+    fsize = np.zeros((n, width), dtype="<u8")
+    for i in range(n):
+        foff[i, i * 37 % width], fsize[i, i * 37 % width] = 0, 5
+    data = fmt.encode_index(
+        shard_format="tar", compression="none", shard_bytes=10_000, shard_hash=bytes(16),
+        plan_digest=0, skipped=0, fields=[f"f{j:04d}" for j in range(width)],
+        starts=list(range(0, 1001, 10)), raw_sizes=[10] * n, sample_hashes=[0] * n,
+        field_offsets=foff, field_sizes=fsize, keys=[f"{i:03d}" for i in range(n)])
+    index = fmt.decode_index(data)
+    assert "field_offsets" not in index.__dict__  # the dense view was never made
+    assert index.sample_fields(3) == [("f0111", 0, 5)]
+    starts, sizes = index.field_spans["f0111"]
+    assert sizes.tolist() == [5 if i == 3 else 0 for i in range(n)]
+    assert len(index.field_spans.made) == 1
+
+
+def test_more_field_names_than_an_index_holds_is_an_error():
+    import numpy as np
+
+    width = fmt.MAX_INDEX_FIELDS + 1
+    with pytest.raises(FormatError, match="65,536 distinct field names"):
+        fmt.encode_index(
+            shard_format="tar", compression="none", shard_bytes=0, shard_hash=bytes(16),
+            plan_digest=0, skipped=0, fields=[f"f{j}" for j in range(width)], starts=[0],
+            raw_sizes=[], sample_hashes=[], field_offsets=np.zeros((0, width), dtype="<u8"),
+            field_sizes=np.zeros((0, width), dtype="<u8"), keys=[])

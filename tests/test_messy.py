@@ -74,7 +74,7 @@ def build_tree(root: Path, broken: bool = False) -> dict:
         (root / CLASSES[0 if "IMG" in name or "photo" in name else 1] / name).write_bytes(data)
     expected["n01440764/IMG_2019.01.05_1235"]["json"] = SIDECARS["IMG_2019.01.05_1235.json"]
     expected["n01440764/photo.v2.final"]["txt"] = SIDECARS["photo.v2.final.txt"]
-    expected["n01443537/takeout"]["json"] = SIDECARS["takeout.jpg.json"]
+    expected["n01443537/takeout"]["jpg.json"] = SIDECARS["takeout.jpg.json"]
     for name in JUNK:
         (root / CLASSES[1] / name).write_bytes(b"junk")
     (root / CLASSES[0] / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
@@ -139,14 +139,14 @@ def test_peers_see_the_same_sample_count(messy, tmp_path):
 
 
 def test_hugging_face_datasets_sees_the_same_sample_count(messy, tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a dev dependency: this test must not skip
     src, expected = messy
     out = tmp_path / "out"
     shardpack.pack(src, out, workers=1)
     names = json.loads((out / fmt.MANIFEST_NAME).read_text())["fields"]
     features = datasets.Features({n: datasets.Value("binary") for n in names
                                   if n not in ("json", "txt")})
-    features["json"] = datasets.Value("string")
+    features["json"] = features["jpg.json"] = datasets.Value("string")
     features["txt"] = datasets.Value("string")
     features["cls"] = datasets.Value("int64")
     ds = datasets.load_dataset("webdataset", data_files={"train": [str(p) for p in
@@ -176,6 +176,7 @@ def test_unpack_then_pack_round_trips(messy, tmp_path):
     run_cli("unpack", tmp_path / "a", tmp_path / "files")
     files = read_tree(tmp_path / "files")
     assert not any(name.endswith(".cls") for name in files)
+    assert "n01443537/takeout.jpg.json" in files  # the sidecar's own name comes back
     for key, fields in expected.items():
         for field, data in fields.items():
             if field != "cls":
@@ -403,3 +404,123 @@ def test_train_example_on_mixed_formats(mixed_ds, tmp_path):
     seen = [i for line in (tmp_path / "run" / "seen-rank0.jsonl").read_text().splitlines()
             for i in json.loads(line)["ids"]]
     assert sorted(seen) == list(range(len(expected)))
+
+
+def test_field_census_counts_dotted_names_only():
+    from shardpack.plan import FieldCensus
+    from shardpack.samples import SourceField, SourceSample
+
+    def sample(key, *names):
+        return SourceSample(key, tuple(SourceField(n, "/x", 1, 0) for n in names))
+
+    census = FieldCensus()  # WebDataset samples: dotted names repeat in every sample
+    for i in range(100):
+        census.add(sample(f"{i:04d}", "jpg", "seg.png", "depth.png", "json"))
+    census.check()
+    census = FieldCensus()  # 3 folded camera files: under the threshold, accepted
+    census.add(sample("IMG_2019", *(f"01.0{d}_1.jpg" for d in range(3))))
+    census.check()
+    census = FieldCensus()  # 4 of them: refused, naming a sample and a field
+    census.add(sample("IMG_2019", *(f"01.0{d}_1.jpg" for d in range(4))))
+    with pytest.raises(SourceError, match=r"sample 'IMG_2019' has field '01.00_1.jpg'"):
+        census.check()
+    census = FieldCensus()  # numbered frames folded per folder repeat across folders...
+    for folder in range(3):
+        census.add(sample(f"v{folder}/frame", *(f"{i:04d}.jpg" for i in range(200))))
+    census.check()
+    with pytest.raises(SourceError, match="257 image fields"):  # ...but not past 256 a sample
+        census.add(sample("v9/frame", *(f"{i:04d}.jpg" for i in range(257))))
+
+
+def test_decode_picks_the_primary_image_of_a_webdataset_sample(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"{i:04d}.jpg").write_bytes(valid_bytes("jpeg_rgb"))
+        (src / f"{i:04d}.seg.png").write_bytes(valid_bytes("png_palette"))
+    shardpack.pack(src, tmp_path / "ds", workers=1)
+    ds = shardpack.ShardDataset(tmp_path / "ds", batch_size=6, batched=True, shuffle=False,
+                                decode=shardpack.CpuDecode(16, train=False))
+    (batch,) = list(ds)
+    assert not batch["__bad__"].any() and "jpg" not in batch
+    assert bytes(batch["seg.png"].item(0)) == valid_bytes("png_palette")  # left for the user
+    from shardpack.decode import CropOptions, decode_image
+
+    want = decode_image(valid_bytes("jpeg_rgb"), CropOptions(16, train=False))
+    assert (batch["image"][0].numpy() == want).all()  # the jpg, not the segmentation map
+    for i in range(6):
+        (src / f"{i:04d}.png").write_bytes(valid_bytes("png_rgb"))
+    shardpack.pack(src, tmp_path / "ds2", workers=1)
+    ds = shardpack.ShardDataset(tmp_path / "ds2", batch_size=6, batched=True,
+                                decode=shardpack.CpuDecode(16, on_error="skip"))
+    with pytest.raises(ValueError, match=r"3 image fields \(jpg, png, seg.png\).*field="):
+        list(ds)  # jpg or png: a question for the user, never silently zeros
+
+
+def test_only_a_failed_run_of_the_same_command_is_cleared(tmp_path):
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    for i in range(12):
+        (src / f"{i:03d}.jpg").write_bytes(valid_bytes("jpeg_rgb"))
+    (src / "zzz.jpg").write_bytes(b"")
+    out = tmp_path / "out"
+    args = ("pack", src.parent, out, "-q", "--workers", "1", "--max-samples", "4")
+    assert run_cli(*args, ok=False).exit_code == 2
+    state_path = out / ".shardpack-pack.json"
+    state = json.loads(state_path.read_text())
+    assert "zzz.jpg" in state["failed"]
+    # other options than the failed run: refused, nothing removed
+    before = sorted(p.name for p in out.iterdir())
+    result = run_cli("pack", src.parent, out, "-q", "--workers", "1", ok=False)
+    assert result.exit_code == 2 and "not empty" in result.output
+    assert sorted(p.name for p in out.iterdir()) == before
+    # an interrupted run (no failure mark: killed, or still running): refused too
+    state_path.write_text(json.dumps({k: v for k, v in state.items() if k != "failed"}))
+    assert run_cli(*args, ok=False).exit_code == 2
+    assert sorted(p.name for p in out.iterdir()) == before
+    state_path.write_text(json.dumps(state))
+    (src / "zzz.jpg").unlink()
+    assert "unfinished pack" in run_cli(*args).output
+    assert len(shardpack.open_reader(out)) == 12
+
+
+class _Bar:
+    """Records what the packer does to its progress bar."""
+
+    def __init__(self):
+        self.n, self.total, self.updates = 0, 0, 0
+
+    def update(self, k):
+        self.n += k
+        self.updates += 1
+
+    def refresh(self):
+        pass
+
+    def set_postfix_str(self, text):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_moves_with_files_inside_a_shard(tmp_path, monkeypatch, workers):
+    import importlib
+
+    from shardpack import writer
+
+    pack_module = importlib.import_module("shardpack.pack")
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    for i in range(300):
+        (src / f"{i:03d}.jpg").write_bytes(valid_bytes("jpeg_rgb"))
+    bar = _Bar()
+    monkeypatch.setattr(pack_module, "_progress", lambda enabled: bar if enabled else None)
+    monkeypatch.setattr(writer, "PROGRESS_EVERY", 16)
+    summary = shardpack.pack(src.parent, tmp_path / "out", workers=workers, progress=True,
+                             max_samples=150)
+    assert summary.shards == 2 and bar.n == bar.total == 300
+    if workers == 1:  # inline: the writer moves the bar every 16 samples
+        assert bar.updates >= 300 // 16
