@@ -318,28 +318,18 @@ def test_out_inside_src_is_left_out(messy, tmp_path):
     assert dataset_samples(out) == expected
 
 
-def test_a_failed_pack_does_not_block_the_same_command(tmp_path):
+def jpeg_folder(tmp_path, count: int, empty: str) -> Path:
+    """SRC with one class folder of ``count`` JPEGs and one empty (broken) image ``empty``."""
     src = tmp_path / "src" / "c"
     src.mkdir(parents=True)
-    for i in range(20):
+    for i in range(count):
         (src / f"{i:03d}.jpg").write_bytes(valid_bytes("jpeg_rgb"))
-    (src / "999.jpg").write_bytes(b"")
-    out = tmp_path / "out"
-    args = ("pack", src.parent, out, "-q", "--workers", "1", "--max-samples", "5")
-    assert run_cli(*args, ok=False).exit_code == 2
-    assert any(out.iterdir())  # complete shards and the state stay for --resume
-    (src / "999.jpg").write_bytes(valid_bytes("jpeg_rgb"))
-    result = run_cli(*args)
-    assert "unfinished pack" in result.output
-    assert len(shardpack.open_reader(out)) == 21
+    (src / empty).write_bytes(b"")
+    return src
 
 
 def test_resume_refusal_names_the_option(tmp_path):
-    src = tmp_path / "src" / "c"
-    src.mkdir(parents=True)
-    for i in range(10):
-        (src / f"{i:03d}.jpg").write_bytes(valid_bytes("jpeg_rgb"))
-    (src / "zzz.jpg").write_bytes(b"")
+    src = jpeg_folder(tmp_path, 10, "zzz.jpg")
     out = tmp_path / "out"
     run_cli("pack", src.parent, out, "-q", "--workers", "1", "--max-samples", "3", ok=False)
     result = run_cli("pack", src.parent, out, "-q", "--resume", "--check", "full", ok=False)
@@ -458,14 +448,13 @@ def test_decode_picks_the_primary_image_of_a_webdataset_sample(tmp_path):
 
 
 def test_only_a_failed_run_of_the_same_command_is_cleared(tmp_path):
-    src = tmp_path / "src" / "c"
-    src.mkdir(parents=True)
-    for i in range(12):
-        (src / f"{i:03d}.jpg").write_bytes(valid_bytes("jpeg_rgb"))
-    (src / "zzz.jpg").write_bytes(b"")
+    """A failed pack must not block the same command once the source is fixed; anything else
+    left in OUT (other options, an interrupted run) stays refused and untouched."""
+    src = jpeg_folder(tmp_path, 12, "zzz.jpg")
     out = tmp_path / "out"
     args = ("pack", src.parent, out, "-q", "--workers", "1", "--max-samples", "4")
     assert run_cli(*args, ok=False).exit_code == 2
+    assert len(list(out.glob("*.idx"))) == 3  # complete shards stay, for --resume
     state_path = out / ".shardpack-pack.json"
     state = json.loads(state_path.read_text())
     assert "zzz.jpg" in state["failed"]
