@@ -96,7 +96,8 @@ def _shard_options(fn):
                      show_default=True,
                      help="Image check while packing. quick: headers and end markers, no "
                           "decode (empty files, HTML saved as .png, truncated images); full: "
-                          "also decode every image with Pillow (slower); none: no check."),
+                          "also decode every image in full, as training does (about 0.8 ms an "
+                          "image); none: no check."),
         click.option("--skip-bad", is_flag=True,
                      help="Skip and count bad entries (special files, broken or outside links, "
                           "unreadable or changing files, broken images, two images with one "
@@ -134,7 +135,7 @@ def _report(summary) -> None:
                    "path without the last extension (dots kept), same-stem files join it as "
                    "fields, other files are ignored and counted; webdataset: key = path up to "
                    "the first dot of the name (0001.jpg + 0001.seg.png). auto: image for "
-                   "ImageFolder trees, webdataset otherwise.")
+                   "ImageFolder trees of images, webdataset otherwise.")
 @_shard_options
 def pack(src, out, storage_options, shard_format, shard_size, max_samples, compression,
          zstd_level, workers, resize, quality, layout, group, check, skip_bad, resume, overwrite,
