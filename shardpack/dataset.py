@@ -35,6 +35,9 @@ class ShardDataset(IterableDataset):
     loader's output is this rank's sequence in order, and ``state_dict(samples_seen=k)`` can resume
     from any plain DataLoader.  With ``torchdata``'s ``StatefulDataLoader`` the loader's own
     ``state_dict()`` carries each worker's position.
+
+    Every sample is checked against its index hash the first time a process reads it
+    (docs/reading.md, "Integrity"); ``trust_storage=True`` skips that for storage you trust.
     """
 
     def __init__(self, path, *, shuffle: bool = True, seed: int = 0,
@@ -43,7 +46,8 @@ class ShardDataset(IterableDataset):
                  partial: str = "pad", block_size: int = 256, shuffle_window: int = 4096,
                  on_error: str = "raise", rank: int | None = None, world_size: int | None = None,
                  batched: bool = False, storage_options: dict | None = None,
-                 cache_dir=None, cache_limit="50GB", prefetch: int = 2):
+                 cache_dir=None, cache_limit="50GB", prefetch: int = 2,
+                 trust_storage: bool = False):
         super().__init__()
         if partial not in partition.PARTIAL_POLICIES:
             raise ValueError(f"partial must be one of {partition.PARTIAL_POLICIES}, got "
@@ -51,7 +55,8 @@ class ShardDataset(IterableDataset):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.reader = DatasetReader(path, storage_options, cache_dir=cache_dir,
-                                    cache_limit=cache_limit, prefetch=prefetch)
+                                    cache_limit=cache_limit, prefetch=prefetch,
+                                    trust_storage=trust_storage)
         if not self.reader.storage.local and self.reader.cache is None and shuffle:
             # streaming without a cache: keep a shuffle window's worth of chunks in memory, or
             # every window would fetch its chunks again (docs/remote.md)
@@ -380,8 +385,8 @@ class MapDataset:
     memory-map slice) per sample.  Works as a map-style dataset for ``DataLoader``."""
 
     def __init__(self, path, *, decode: Callable | None = None,
-                 storage_options: dict | None = None):
-        self.reader = DatasetReader(path, storage_options)
+                 storage_options: dict | None = None, trust_storage: bool = False):
+        self.reader = DatasetReader(path, storage_options, trust_storage=trust_storage)
         self.decode = decode
         self._keys: dict[str, int] | None = None
 

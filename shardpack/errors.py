@@ -70,6 +70,16 @@ class PackError(ShardpackError, RuntimeError):
     """Packing failed for a reason outside the input (disk full, resume mismatch, worker died)."""
 
 
+class FileSystemError(PackError, OSError):
+    """The file system refused a read or write of unpack or export (disk full, permissions, ...):
+    one line; ``errno`` is the original one.  Both a PackError and an OSError, so ``except
+    OSError`` keeps working."""
+
+    def __init__(self, message: str, *, errno: int | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.errno = errno
+
+
 class CacheError(ShardpackError, OSError):
     """The local shard cache cannot be written (disk full, permissions): a local problem, not
     retried and not blamed on the remote."""
@@ -96,6 +106,7 @@ __all__ = [
     "CacheError",
     "DatasetNotFoundError",
     "DecodeError",
+    "FileSystemError",
     "FormatError",
     "IntegrityError",
     "PackError",

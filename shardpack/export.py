@@ -18,24 +18,30 @@ earlier export there, and refuses a folder holding anything else).  Every tar or
 written atomically, then :data:`MARKER_NAME` last: it is the commit point.  On an error the files
 of the run are removed, so OUT holds no partial export.  ``files`` builds the tree in a hidden
 sibling folder and renames it onto OUT when complete.
+
+Hostile datasets and full disks (docs/packing.md): a manifest naming one shard file twice is
+refused; a full disk or another write error is one line (export has no ``--resume``: it is run
+again); a local OUT that is a symbolic link is followed to the folder it names (a link to nothing,
+or to a file, is refused).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from . import format as fmt
-from .errors import ShardpackError
+from .errors import FileSystemError, PackError, ShardpackError
 from .plan import parse_size
 from .reader import open_reader
 from .storage import Storage, is_temp_name
+from .unpack import check_shard_names, os_error, remove_tree, resolve_out
 
 EXPORT_FORMATS = ("webdataset", "parquet", "files")
 MARKER_NAME = "_shardpack_export.json"  # a leading '_': pyarrow and Spark readers skip it
@@ -75,12 +81,35 @@ def export(dataset, out, *, to: str, storage_options: dict | None = None,
     limit = parse_size(shard_size)
     started = time.perf_counter()
     reader = open_reader(dataset, storage_options)
+    check_shard_names(reader)
     summary = ExportSummary(out=os.fspath(out), to=to)
+    try:
+        summary = _export(reader, dataset, out, to, storage_options, limit, overwrite, progress,
+                          summary)
+    except PackError as exc:
+        if exc.message.startswith("out of disk space") and "--resume" in (exc.hint or ""):
+            # Storage.open_atomic's hint is pack's: export has no --resume, it is run again
+            raise FileSystemError(f"{exc.message}; nothing was published", path=exc.path,
+                                  hint="free some space, then run the export again",
+                                  errno=errno.ENOSPC) from None
+        raise
+    except ShardpackError:
+        raise
+    except OSError as exc:  # making OUT, a read or write failing, renaming into place, ...
+        raise os_error(exc, os.fspath(out)) from None
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _export(reader, dataset, out, to: str, storage_options: dict | None, limit: int,
+            overwrite: bool, progress: bool, summary: ExportSummary) -> ExportSummary:
     if to == "files":
         _export_files(reader, os.fspath(dataset), os.fspath(out), storage_options, overwrite,
                       progress, summary)
     else:
         storage = Storage(out, storage_options)
+        if storage.local:
+            resolve_out(storage.root)  # refuses a link to nothing or to a file; follows the rest
         _prepare(storage, overwrite)
         int_cls = "cls" in reader.fields
         while True:
@@ -92,7 +121,6 @@ def export(dataset, out, *, to: str, storage_options: dict | None = None,
                 summary = ExportSummary(out=summary.out, to=to)
         if to == "parquet" and "cls" in reader.fields and not int_cls:
             summary.notes.append("field 'cls' is not always an ASCII integer: exported as binary")
-    summary.seconds = time.perf_counter() - started
     return summary
 
 
@@ -176,7 +204,7 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
     if not Storage(out, storage_options).local:
         raise ShardpackError("--to files writes a local folder", path=out,
                              hint="export to webdataset or parquet for remote storage")
-    out = os.path.abspath(out)
+    out = resolve_out(out)  # a symbolic link OUT: its folder is the one replaced
     busy = os.path.lexists(out) and (not os.path.isdir(out) or bool(os.listdir(out)))
     if busy and not overwrite:
         raise ShardpackError("output exists and is not an empty folder", path=out,
@@ -200,7 +228,16 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
     new = os.path.join(parent, f".{base}.new-{tag}")
     old = os.path.join(parent, f".{base}.old-{tag}")
     try:
-        summary.files = unpack(dataset, new, storage_options, progress)
+        try:
+            summary.files = unpack(dataset, new, storage_options, progress)
+        except ShardpackError as exc:  # name OUT, not the hidden folder that was removed
+            if exc.path != new:
+                raise
+            named = type(exc)(exc.message, path=out, offset=exc.offset, key=exc.key,
+                              hint=exc.hint)
+            if isinstance(exc, OSError):
+                named.errno = exc.errno
+            raise named from None
         os.rename(out, old)
         try:
             os.rename(new, out)
@@ -208,9 +245,9 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
             os.rename(old, out)
             raise
     except BaseException:
-        shutil.rmtree(new, ignore_errors=True)
+        remove_tree(new)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    remove_tree(old)  # not shutil.rmtree: it recurses once per folder level
 
 
 # ---------------------------------------------------------------------------------------------

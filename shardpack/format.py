@@ -211,6 +211,8 @@ def parse_tar_header(buf, offset: int = 0) -> TarMember:
             raise FormatError(f"tar header checksum {stored} != computed {actual}", offset=pos)
         typeflag = block[156:157]
         size = _octal(block[124:136], "size", pos)
+        if size < 0:  # int(..., 8) takes a sign: a negative size would step backwards
+            raise FormatError(f"tar header size is negative: {block[124:136]!r}", offset=pos)
         if typeflag in (b"x", b"g", b"L", b"K"):  # extended headers: data follows, then more
             data = bytes(buf[pos + TAR_BLOCK:pos + TAR_BLOCK + size])
             if len(data) < size:
@@ -231,8 +233,10 @@ def parse_tar_header(buf, offset: int = 0) -> TarMember:
             size = size_override
         kind = _TAR_KINDS.get(typeflag, "special file")
         data_offset = pos + TAR_BLOCK
-        return TarMember(name, size, data_offset - offset,
-                         data_offset + size + tar_padding(size) - offset, kind, typeflag)
+        end = data_offset + size + tar_padding(size)
+        if size < 0 or end <= offset:  # never: both sizes are checked; the scan must advance
+            raise FormatError(f"tar member size {size} does not advance the archive", offset=pos)
+        return TarMember(name, size, data_offset - offset, end - offset, kind, typeflag)
 
 
 def parse_tar_member(buf, offset: int = 0) -> TarMember:
@@ -246,21 +250,33 @@ def parse_tar_member(buf, offset: int = 0) -> TarMember:
 
 
 def _parse_pax(data: bytes, pos: int, name, size):
+    """The ``path`` and ``size`` of pax records ``"%d %s=%s\n" % (length, keyword, value)``
+    (length counts the whole record).  Anything else raises FormatError at ``pos``: a record
+    whose length is not plain decimal digits, runs past the data or is too short to hold its
+    own length, a record without '=' or the final newline, a size that is not a non-negative
+    decimal integer of at most 19 digits.  Each record advances by its length (> 0)."""
     i = 0
     while i < len(data):
-        sp = data.find(b" ", i)
+        sp = data.find(b" ", i, i + 21)
         if sp < 0:
-            raise FormatError("bad pax record", offset=pos)
-        try:
-            n = int(data[i:sp])
-        except ValueError:
-            raise FormatError("bad pax record length", offset=pos) from None
-        if n <= 0 or i + n > len(data):
-            raise FormatError("bad pax record length", offset=pos)
-        keyword, _, value = data[sp + 1:i + n - 1].partition(b"=")
+            raise FormatError(f"bad pax record at byte {i} of the extended header: no length",
+                              offset=pos)
+        length = data[i:sp]
+        n = int(length) if length.isdigit() and len(length) <= 20 else -1
+        if n < sp - i + 3 or i + n > len(data):  # "N k=\n" at least, within the data
+            raise FormatError(f"bad pax record length {length[:20]!r} at byte {i} of the "
+                              f"{len(data)}-byte extended header", offset=pos)
+        record = data[sp + 1:i + n]
+        keyword, eq, value = record[:-1].partition(b"=")
+        if not eq or not keyword or record[-1:] != b"\n":
+            raise FormatError(f"bad pax record {data[i:i + n][:60]!r}: expected "
+                              "'LENGTH KEYWORD=VALUE\\n'", offset=pos)
         if keyword == b"path":
             name = value.decode("utf-8", "surrogateescape")
         elif keyword == b"size":
+            if not (value.isdigit() and len(value) <= 19):
+                raise FormatError(f"pax size {value[:40]!r} is not a non-negative decimal "
+                                  "integer", offset=pos)
             size = int(value)
         i += n
     return name, size
@@ -643,11 +659,49 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
             not isinstance(s, dict) or any(k not in s for k in _SHARD_KEYS) for s in shards):
         raise FormatError(f"manifest shards must be a list of objects with {_SHARD_KEYS}",
                           path=path)
-    for s in shards:
+    seen: set = set()
+    for number, s in enumerate(shards):
         for name in (s["name"], s["index"]):
-            if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            if not isinstance(name, str) or "/" in name or "\x00" in name or \
+                    name in ("", ".", ".."):
                 raise FormatError(f"manifest names an unsafe shard file {name!r}", path=path)
+            if name in seen:
+                raise FormatError(f"manifest names the file {name!r} twice", path=path)
+            seen.add(name)
+        for key in ("samples", "bytes", "index_bytes"):
+            if not _count(s[key]):
+                raise FormatError(f"manifest shard {number} ({s['name']}): {key!r} must be a "
+                                  f"non-negative integer, found {s[key]!r}", path=path)
+        # every sample costs at least MIN_INDEX_BYTES of its index: a count the index cannot
+        # hold is refused before anything is sized by it
+        if s["samples"] * MIN_INDEX_BYTES > s["index_bytes"]:
+            raise FormatError(f"manifest shard {number} ({s['name']}) claims {s['samples']:,} "
+                              f"samples, more than its {s['index_bytes']:,}-byte index can hold",
+                              path=path)
+        for key in ("hash", "index_hash"):
+            if not isinstance(s[key], str) or len(s[key]) != 32:
+                raise FormatError(f"manifest shard {number} ({s['name']}): {key!r} must be 32 "
+                                  f"hex digits", path=path)
+    for key in ("num_samples", "num_shards", "num_bytes"):
+        if key in manifest and not _count(manifest[key]):
+            raise FormatError(f"manifest {key!r} must be a non-negative integer, found "
+                              f"{manifest[key]!r}", path=path)
+    fields = manifest.get("fields")
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise FormatError("manifest 'fields' must be a list of field names", path=path)
+    classes = manifest.get("classes")
+    if classes is not None and (not isinstance(classes, list)
+                                or not all(isinstance(c, str) for c in classes)):
+        raise FormatError("manifest 'classes' must be null or a list of names", path=path)
     return manifest
+
+
+MIN_INDEX_BYTES = 32  # the least index bytes one sample takes (v1 and v2: starts, sizes, hash,
+#                       key offset, and v2's field run)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def unsafe_name_reason(name: str) -> str | None:

@@ -140,6 +140,50 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
         raise ShardpackError("--resume and --overwrite exclude each other")
     started = time.perf_counter()
     storage = Storage(out, storage_options)
+    with _OutLock(storage) as lock:
+        return _pack_locked(source, storage, options, origin, started, workers=workers,
+                            resume=resume, overwrite=overwrite, executor=executor,
+                            progress=progress, source_options=source_options, lock_fd=lock.fd)
+
+
+class _OutLock:
+    """One writer at a time per OUT: an exclusive ``flock`` on the OUT folder itself (local
+    OUT), held for the whole pack.  The kernel drops it when the process dies, so a killed
+    pack never leaves a stale lock, and nothing is written into OUT for it.  Remote OUT
+    (s3://, ...) has no such lock: docs/packing.md says so."""
+
+    def __init__(self, storage: Storage):
+        self.storage, self.fd = storage, None
+
+    def __enter__(self):
+        if not self.storage.local:
+            return self
+        import fcntl
+
+        root = self.storage.root
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise ShardpackError("output exists and is not a folder", path=self.storage.url)
+        os.makedirs(root, exist_ok=True)
+        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = None
+            raise PackError("another pack or convert is writing into this folder right now",
+                            path=self.storage.url,
+                            hint="wait for it to finish, or choose another folder") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the lock
+            self.fd = None
+
+
+def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, started: float,
+                 *, workers, resume, overwrite, executor, progress, source_options,
+                 lock_fd: int | None = None) -> PackSummary:
     state = {"shardpack": __version__, **origin, "options": options.as_dict()}
     summary = PackSummary(out=storage.url, converted_from=origin.get("from"))
     summary.notes += _prepare_out(storage, state, resume=resume, overwrite=overwrite)
@@ -152,7 +196,7 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
         own_pool = executor = ProcessPoolExecutor(workers or os.cpu_count(),
                                                   mp_context=get_context("fork"),
                                                   initializer=_init_worker,
-                                                  initargs=(files.shared,))
+                                                  initargs=(files.shared, lock_fd))
     elif executor is None and bar is not None:
         writer.on_files = files.add  # inline: the writer moves the bar itself
     planned = {"files": 0, "bytes": 0}
@@ -220,8 +264,13 @@ class _FileProgress:
             self.bar.update(target - self.bar.n)
 
 
-def _init_worker(counter) -> None:
+def _init_worker(counter, lock_fd: int | None = None) -> None:
     _die_with_parent()
+    if lock_fd is not None:  # the OUT lock is the packer's: a worker that outlives a killed
+        try:                 # packer by a moment must not hold it (flock follows fork)
+            os.close(lock_fd)
+        except OSError:
+            pass
 
     def add(n: int) -> None:
         with counter.get_lock():

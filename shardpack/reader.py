@@ -34,8 +34,11 @@ class DatasetReader:
     PIECE_REQUEST = 4 << 20   # ... up to this many bytes a request
 
     def __init__(self, url, storage_options: dict | None = None, *, cache_dir=None,
-                 cache_limit="50GB", prefetch: int = 2):
+                 cache_limit="50GB", prefetch: int = 2, trust_storage: bool = False):
+        """``trust_storage``: skip the per-sample hash check (:meth:`check_rows`) for storage
+        the user trusts; shard identity at mapping and index hashes are still checked."""
         self.storage = Storage(url, storage_options)
+        self.trust_storage = trust_storage
         self.prefetch = prefetch
         # cached shards a process keeps open (and locked against eviction); ShardDataset raises
         # it to cover the shards one shuffle window reads from
@@ -68,7 +71,8 @@ class DatasetReader:
         self._inflight: dict[tuple, _Flight] = {}
         self._pieces: dict[tuple, bytes] = {}  # (shard, row) -> stored bytes, read once
         self.labels: dict[tuple, np.ndarray] = {}  # (shard, field) -> parsed labels (batches.py)
-        self.checked: dict[int, np.ndarray] = {}  # shard -> msgpack records CRC-checked here
+        # shard -> samples whose stored bytes matched their index hash in this process
+        self.checked: dict[int, np.ndarray] = {}
         self._lock = threading.RLock()
 
     def __getstate__(self):
@@ -113,9 +117,13 @@ class DatasetReader:
                 held.close()
         else:
             data = self.storage.read_bytes(entry["index"])
-        if len(data) != entry["index_bytes"] or fmt.content_hash(data) != entry["index_hash"]:
-            raise IntegrityError(f"index does not match the manifest ({len(data)} bytes, "
-                                 f"manifest says {entry['index_bytes']})", path=path)
+        if len(data) != entry["index_bytes"]:
+            raise IntegrityError(f"index is {len(data)} bytes, the manifest says "
+                                 f"{entry['index_bytes']}", path=path)
+        if fmt.content_hash(data) != entry["index_hash"]:
+            raise IntegrityError("index hash does not match the manifest (same size, other "
+                                 "bytes: corrupt, or from another version of the dataset)",
+                                 path=path)
         index = fmt.decode_index(data, path)
         if index.num_samples != entry["samples"] or index.shard_bytes != entry["bytes"]:
             raise IntegrityError("index disagrees with the manifest on sample count or shard "
@@ -155,6 +163,10 @@ class DatasetReader:
             return None
         try:
             view = _map(path, meta["bytes"], self.shard_path(shard))
+            if entry is not None:  # the cache checked the whole file's hash: every sample
+                self._seen(shard)[:] = True
+            else:
+                self._check_identity(shard, view)
         except BaseException:
             if entry is not None:
                 entry.close()
@@ -169,6 +181,61 @@ class DatasetReader:
                 if old is not None:
                     old.close()
         return view
+
+    def _seen(self, shard: int) -> np.ndarray:
+        seen = self.checked.get(shard)
+        if seen is None:
+            seen = self.checked[shard] = np.zeros(self.index(shard).num_samples, dtype=bool)
+        return seen
+
+    def _check_identity(self, shard: int, view) -> None:
+        """A shard just mapped must be the one its index describes: its first, middle and last
+        samples are hashed now (three samples, whatever the shard's size).  All of them wrong is
+        a swapped or replaced shard, refused before any of its bytes are used; a single wrong
+        one is a corrupt sample, left for :meth:`check_rows` to name when it is read (so
+        ``on_error="skip"`` can skip it).  docs/reading.md, "Integrity"."""
+        index = self.index(shard)
+        n = index.num_samples
+        if not n:
+            return
+        probes = sorted({0, n // 2, n - 1})
+        h, good = fmt.sample_hash, []
+        for row in probes:
+            a, b = index.span(row)
+            if b <= len(view) and h(view[a:b]) == int(index.sample_hashes[row]):
+                good.append(row)
+        if not good and len(probes) > 1:  # (one sample: a corrupt sample, named when read)
+            a = index.span(probes[0])[0]
+            raise IntegrityError("the shard does not match its index (its first, middle and "
+                                 "last samples all differ): replaced, swapped with another "
+                                 "shard, or changed since the index was written",
+                                 path=self.shard_path(shard), offset=a,
+                                 hint="run 'shardpack verify' on the dataset")
+        self._seen(shard)[good] = True
+
+    def check_rows(self, shard: int, rows: np.ndarray, buf, base: int = 0) -> None:
+        """Check the stored bytes of samples ``rows`` of shard ``shard`` against the index's
+        sample hashes, each sample once per process (``checked``).  ``buf`` holds the shard's
+        bytes from offset ``base`` on.  Raises :class:`IntegrityError` naming the shard and the
+        first bad sample."""
+        if self.trust_storage:
+            return
+        index = self.index(shard)
+        seen = self._seen(shard)
+        todo = rows[~seen[rows]]
+        if not len(todo):
+            return
+        h = fmt.sample_hash
+        starts = (index.starts[todo].astype(np.int64) - base).tolist()
+        ends = (index.starts[todo + 1].astype(np.int64) - base).tolist()
+        want = index.sample_hashes[todo].tolist()
+        for k, (a, b, w) in enumerate(zip(starts, ends, want)):
+            if a < 0 or b > len(buf) or h(buf[a:b]) != w:
+                raise IntegrityError("sample bytes do not match the index hash (corrupt "
+                                     "shard)", path=self.shard_path(shard), offset=a + base,
+                                     key=index.key(int(todo[k])),
+                                     hint="run 'shardpack verify' on the dataset")
+        seen[todo] = True
 
     def is_cached(self, shard: int) -> bool:
         """Whether the cache holds shard ``shard`` now (a look, not a promise: eviction may
@@ -319,18 +386,21 @@ class DatasetReader:
         if self._pieces:
             with self._lock:
                 piece = self._pieces.pop((shard, row), None)
-            if piece is not None:
+            if piece is not None:  # hash-checked when it was fetched
                 return piece
         index = self.index(shard)
         start, end = index.span(row)
+        rows = np.array([row], dtype=np.int64)
         buf = self.shard_buffer(shard)
         if buf is not None:
+            self.check_rows(shard, rows, buf)
             return buf[start:end]
         data, base = self._chunk(shard, self.chunk_of(shard, row))
         piece = data[start - base:end - base]
         if len(piece) != end - start:
             raise FormatError(f"truncated shard: wanted {end - start} bytes, got {len(piece)}",
                               path=self.shard_path(shard), offset=start, key=index.key(row))
+        self.check_rows(shard, rows, data, base)
         return piece
 
     def read(self, shard: int, row: int, views: bool = False) -> dict:
@@ -353,6 +423,7 @@ class DatasetReader:
                               path=path, hint="the shard is truncated or replaced; run "
                                               "'shardpack verify'")
         view = memoryview(data)
+        self.check_rows(shard, np.arange(index.num_samples, dtype=np.int64), view)
         for row in range(index.num_samples):
             start, end = index.span(row)
             yield decode_sample(index, row, view[start:end], path)

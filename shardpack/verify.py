@@ -12,6 +12,7 @@ an older release) is named too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 from . import format as fmt
 from .errors import ShardpackError
@@ -35,6 +36,11 @@ class VerifyReport:
     samples: int = 0
     bytes: int = 0
     problems: list = None
+    # what the indexes and shards say, for the manifest's check
+    indexes_read: int = 0
+    fields: set = dataclass_field(default_factory=set)
+    writer_skips: int = 0
+    max_cls: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -53,12 +59,49 @@ def verify(url, storage_options: dict | None = None, progress: bool = False,
     for number in shards:
         report.shards += 1
         report.problems += _verify_shard(reader, number, report, decode)
-    counted = sum(s["samples"] for s in reader.shards)
-    if counted != reader.manifest.get("num_samples"):
-        report.problems.append(Problem(reader.storage.display(fmt.MANIFEST_NAME),
-                                       f"num_samples {reader.manifest.get('num_samples')} != "
-                                       f"sum over shards {counted}"))
+    report.problems += _verify_manifest(reader, report)
     return report
+
+
+LAYOUTS = ("imagefolder", "files", "listing", "webdataset", "mds", "litdata", "parquet")
+
+
+def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Problem]:
+    """The manifest's totals and descriptions against what the indexes and shards hold: each
+    difference is named (docs/format.md lists the keys)."""
+    m, where = reader.manifest, reader.storage.display(fmt.MANIFEST_NAME)
+    out = []
+
+    def differs(what: str, found, derived, how: str) -> None:
+        if found != derived:
+            out.append(Problem(where, f"{what} is {found!r}, but {how} give {derived!r}"))
+
+    shards = reader.shards
+    differs("num_samples", m.get("num_samples"), sum(s["samples"] for s in shards),
+            "the shard entries")
+    differs("num_shards", m.get("num_shards"), len(shards), "the shard entries")
+    differs("num_bytes", m.get("num_bytes"), sum(s["bytes"] for s in shards),
+            "the shard entries")
+    if report.indexes_read == len(shards):  # the indexes' own view, where all were readable
+        differs("fields", m.get("fields"), sorted(report.fields), "the indexes")
+        skipped = m.get("skipped") or {}
+        if not isinstance(skipped, dict) or not all(
+                isinstance(v, int) and v >= 0 for v in skipped.values()):
+            out.append(Problem(where, f"skipped must map reasons to counts, found {skipped!r}"))
+        elif sum(skipped.values()) < report.writer_skips:
+            out.append(Problem(where, f"skipped counts {sum(skipped.values())} entries, but "
+                                      f"the indexes record {report.writer_skips} skipped by "
+                                      "the shard writers"))
+    if m.get("layout") not in LAYOUTS:
+        out.append(Problem(where, f"layout is {m.get('layout')!r}, expected one of {LAYOUTS}"))
+    if m.get("group") not in (None, "image", "webdataset"):
+        out.append(Problem(where, f"group is {m.get('group')!r}, expected null, 'image' or "
+                                  "'webdataset'"))
+    classes = m.get("classes")
+    if classes is not None and report.max_cls is not None and report.max_cls >= len(classes):
+        out.append(Problem(where, f"{len(classes)} classes, but a sample has cls "
+                                  f"{report.max_cls}"))
+    return out
 
 
 def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
@@ -69,6 +112,9 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
         index = reader.index(number)
     except ShardpackError as exc:
         return [Problem(reader.storage.display(entry["index"]), exc.message)]
+    report.indexes_read += 1
+    report.fields.update(index.fields)
+    report.writer_skips += index.skipped
     try:
         data = reader.storage.read_bytes(entry["name"])
     except ShardpackError as exc:
@@ -87,6 +133,7 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
             problems.append(Problem(path, exc.message))
     view = memoryview(data)
     images: list[Problem] = []  # undecodable images: reported after the structural checks
+    cls_column = "cls" if "cls" in index.fields and reader.manifest.get("classes") else None
     for row in range(index.num_samples):
         report.samples += 1
         start, end = index.span(row)
@@ -107,11 +154,26 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
             continue
         if decode:
             images += _check_images(index, row, record, path, key)
+        if cls_column is not None:
+            _note_cls(index, row, record, path, report)
     if index.shard_format == "tar" and not problems:
         tail = data[int(index.starts[-1]):]
         if tail != fmt.TAR_END:
             problems.append(Problem(path, "tar shard does not end with two zero blocks"))
     return problems + images
+
+
+def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report) -> None:
+    """Keep the largest class label seen (an ASCII integer), to compare with the classes."""
+    for name, off, size in index.sample_fields(row):
+        if name == "cls":
+            payload = record_payload(index, row, record, path)
+            try:
+                value = int(bytes(payload[off:off + size]))
+            except ValueError:
+                return
+            report.max_cls = value if report.max_cls is None else max(report.max_cls, value)
+            return
 
 
 def _check_images(index: fmt.ShardIndex, row: int, record, path: str, key: str) -> list[Problem]:
@@ -138,11 +200,16 @@ def _check_structure(index: fmt.ShardIndex, row: int, record, path: str) -> None
         pos = 0
         for name, off, size in fields:
             member = fmt.parse_tar_member(payload, pos)
-            if member.name != index.member_name(key, name) or member.size != size or \
-                    pos + member.data_offset != off:
-                raise fmt.FormatError(f"tar member {member.name!r} ({member.size} bytes) does "
-                                      f"not match the index ({index.member_name(key, name)}, "
-                                      f"{size} bytes)")
+            expected = index.member_name(key, name)
+            if member.name != expected:
+                raise fmt.FormatError(f"tar member {member.name!r} does not match the index, "
+                                      f"which names it {expected!r}")
+            if member.size != size:
+                raise fmt.FormatError(f"tar member {expected!r} is {member.size} bytes, the "
+                                      f"index says {size}")
+            if pos + member.data_offset != off:
+                raise fmt.FormatError(f"tar member {expected!r} has its data at payload offset "
+                                      f"{pos + member.data_offset}, the index says {off}")
             pos += member.end
         if pos != len(payload):
             raise fmt.FormatError("tar record has bytes the index does not account for")

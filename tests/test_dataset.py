@@ -270,7 +270,7 @@ def test_bad_crc_is_caught_or_skipped(tmp_path):
     data = bytearray(shard.read_bytes())
     data[16 + 24 + 20] ^= 0xFF  # inside the first record's payload
     shard.write_bytes(bytes(data))
-    with pytest.raises(IntegrityError, match=r"shard-00000.spk, sample '0', offset 16: .*CRC"):
+    with pytest.raises(IntegrityError, match=r"shard-00000.spk, sample '0', offset 16: .*index hash"):
         ids_of(ShardDataset(out, shuffle=False))
     ds = ShardDataset(out, shuffle=False, on_error="skip")
     with warnings.catch_warnings(record=True) as caught:
@@ -386,7 +386,8 @@ def test_batched_reads_check_each_record(tmp_path, where):
     shard.write_bytes(bytes(data))
     ds = ShardDataset(out, shuffle=False, batch_size=4, batched=True)
     got = []
-    with pytest.raises(IntegrityError, match=rf"sample '7', offset {start}: .*CRC32C or header"):
+    message = "index hash" if where == "payload" else "header mismatch"
+    with pytest.raises(IntegrityError, match=rf"sample '7', offset {start}: .*{message}"):
         for batch in DataLoader(ds, batch_size=None):
             got.append(batch["__key__"].tolist())
     assert got == [["0", "1", "2", "3"]]

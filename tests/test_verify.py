@@ -84,7 +84,7 @@ def test_missing_shard_and_bad_index_are_named(dataset):
     (dataset / "shard-00001.spk").unlink(missing_ok=True)
     result = run_cli("verify", dataset, ok=None)
     assert result.exit_code == 1
-    assert "shard-00002.idx: index does not match the manifest" in result.output
+    assert "shard-00002.idx: index is 7 bytes, the manifest says" in result.output
     assert "shard-00001." in result.output and "missing" in result.output
 
 
@@ -113,6 +113,10 @@ def test_reader_checks_crc_on_read(tmp_path):
     data = bytearray(shard.read_bytes())
     data[-10] ^= 0xFF
     shard.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"shard-00000.spk, sample 'a', offset 16: sample "
+                                             r"bytes do not match the index hash"):
+        DatasetReader(out).read_sample(0)
+    # storage trusted: no hash check, and the record's own CRC still catches it
     with pytest.raises(IntegrityError, match=r"shard-00000.spk, sample 'a', offset 16: record "
                                              r"CRC32C mismatch"):
-        DatasetReader(out).read_sample(0)
+        DatasetReader(out, trust_storage=True).read_sample(0)

@@ -21,6 +21,12 @@ from ..format import check_field_name
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CODECS = ("zstd", "gz", "bz2")
+# Decompression cap (docs/convert.md "Hostile inputs"): a compressed shard, chunk or frame may
+# claim at most MAX_EXPANSION times its compressed size, or EXPANSION_FLOOR bytes whatever its
+# size (every shard of the default 64 MB MDS / LitData writers fits).  A claim above both is
+# refused before anything is decompressed; decompression itself stops at the claim.
+MAX_EXPANSION = 1024
+EXPANSION_FLOOR = 256 << 20
 
 
 class Window:
@@ -59,23 +65,40 @@ class Memory:
         return bytes(self.data[start:end])
 
 
+def check_expansion(expected: int, compressed: int, shown: str, what: str = "the index") -> None:
+    """Refuse a decompressed size (``expected``, as ``what`` records it) that is negative or
+    above the cap for ``compressed`` bytes (:data:`MAX_EXPANSION`, :data:`EXPANSION_FLOOR`)."""
+    cap = max(EXPANSION_FLOOR, MAX_EXPANSION * compressed)
+    if expected < 0 or expected > cap:
+        raise SourceError(f"{what} records {expected} decompressed bytes for {compressed} "
+                          f"compressed: refused (at most {MAX_EXPANSION}x the compressed size "
+                          f"or {EXPANSION_FLOOR >> 20} MiB)", path=shown)
+
+
 def decompress(codec: str, data: bytes, expected: int, shown: str) -> bytes:
     """``data`` decompressed with ``codec`` (zstd, gz or bz2), never more than ``expected``
-    bytes (the size the index records): more, less or a broken stream is a SourceError."""
+    bytes (the size the index records): more, less or a broken stream is a SourceError, and so
+    is an ``expected`` over the cap (:func:`check_expansion`) or, for zstd, one that differs
+    from the sizes the frame headers declare; both are checked before decompressing.  Returns
+    a bytes-like object (a bytearray: grown in place, never held twice)."""
+    if codec == "zstd":
+        declared = zstd_content_size(data)
+        if declared is not None and declared != expected:
+            raise SourceError(f"the index records {expected} decompressed bytes, the zstd frame "
+                              f"header says {declared}: refused", path=shown)
+    check_expansion(expected, len(data), shown)
     limit = expected + 1  # one byte over is enough to know the index is wrong
     try:
         if codec == "zstd":
             import zstandard
 
-            parts, total = [], 0
+            out = bytearray()
             with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as r:
-                while total < limit:
-                    part = r.read(min(limit - total, 16 << 20))
+                while len(out) < limit:
+                    part = r.read(min(limit - len(out), 16 << 20))
                     if not part:
                         break
-                    parts.append(part)
-                    total += len(part)
-            out = b"".join(parts)
+                    out += part
         elif codec == "gz":
             d = zlib.decompressobj(wbits=31)
             out = d.decompress(data, limit)
@@ -116,6 +139,47 @@ def zstd_frame_size(data: bytes) -> int | None:
     return size if size >= 0 else None
 
 
+def zstd_content_size(data) -> int | None:
+    """The decompressed size the frame headers of ``data`` declare, summed over its frames
+    (skippable frames count 0), or None when a frame declares none or the frames do not walk
+    exactly to the end of ``data`` (the decompressor then says what is wrong).  Reads only the
+    frame and block headers; every step advances at least 3 bytes."""
+    import zstandard
+
+    pos, total, n = 0, 0, len(data)
+    while pos < n:
+        if n - pos < 8:
+            return None
+        magic = int.from_bytes(data[pos:pos + 4], "little")
+        if magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame: magic, u32 size, bytes
+            pos += 8 + int.from_bytes(data[pos + 4:pos + 8], "little")
+            continue
+        if magic != 0xFD2FB528:
+            return None
+        head = bytes(data[pos:pos + 18])
+        try:
+            size = zstandard.frame_content_size(head)
+            pos += zstandard.frame_header_size(head)
+        except zstandard.ZstdError:
+            return None
+        if size < 0:
+            return None
+        checksum = head[4] & 4
+        while True:  # blocks: 3-byte header (last, type, size), then the block's bytes
+            if n - pos < 3:
+                return None
+            header = int.from_bytes(data[pos:pos + 3], "little")
+            kind, length = (header >> 1) & 3, header >> 3
+            if kind == 3:
+                return None
+            pos += 3 + (1 if kind == 1 else length)
+            if header & 1:
+                break
+        pos += 4 if checksum else 0
+        total += size
+    return total if pos == n else None
+
+
 # -- naming ------------------------------------------------------------------------------------
 def field_name(column: str, ext: str | None) -> str:
     """A column's field name: the column name, plus ``.ext`` when the encoding implies a file
@@ -154,10 +218,26 @@ def pil_to_png(data: bytes) -> bytes:
     LitData ``pil`` store, as a PNG of the same pixels.  ValueError says why it cannot be."""
     from PIL import Image
 
+    from PIL import ImageMode
+
     if len(data) < 12:
         raise ValueError("raw image shorter than its 12-byte header")
     width, height, mode_size = (int(x) for x in np.frombuffer(data[:12], "<u4"))
+    if mode_size > min(16, len(data) - 12):
+        raise ValueError(f"raw image mode name of {mode_size} bytes: corrupt header")
     mode = data[12:12 + mode_size].decode("ascii", "replace")
+    try:
+        info = ImageMode.getmode(mode)
+    except KeyError:
+        raise ValueError(f"raw image mode {mode!r} is not an image mode") from None
+    # the cell must hold exactly the pixels its header claims, checked before any allocation
+    # (Pillow then holds at most 8x the cell: mode "1" keeps a byte per 1-bit pixel)
+    row = (width + 7) // 8 if mode == "1" else \
+        width * len(info.bands) * np.dtype(info.typestr).itemsize
+    pixels = len(data) - 12 - mode_size
+    if not width or not height or row * height != pixels:
+        raise ValueError(f"raw {mode} image {width}x{height} needs {row * height} bytes of "
+                         f"pixels, the cell holds {pixels}")
     try:
         image = Image.frombytes(mode, (width, height), data[12 + mode_size:])
         out = io.BytesIO()

@@ -33,8 +33,8 @@ from ..errors import SourceError
 from ..format import unsafe_name_reason
 from ..samples import SourceField
 from .base import ContainerSource, inline
-from .common import ZSTD_MAGIC, Memory, Window, check_fields, decimal, decompress, \
-    field_name, npy, pil_to_png, zstd_frame_size
+from .common import ZSTD_MAGIC, Memory, Window, check_expansion, check_fields, decimal, \
+    decompress, field_name, npy, pil_to_png, zstd_frame_size
 from .litdata_json import to_json
 
 CARRIED = {"bytes": None, "str": "txt", "text": "txt", "jpeg": "jpg", "pdf": "pdf",
@@ -229,32 +229,60 @@ _CONVERTED = {"scalar": "ASCII decimal text", "pil": "PNG of the same pixels",
 
 def _leaf_names(spec_text, count: int, shown: str) -> list[str]:
     """Leaf names from the pytree spec: a flat dict's keys, a tuple/list's indexes, or
-    ``data`` for a sample that is one leaf."""
-    try:
-        protocol, root = json.loads(spec_text)
-        kind, children = root["type"], root["children_spec"]
-        if not isinstance(children, list) or not all(isinstance(c, dict) for c in children):
-            raise ValueError("children_spec is not a list of specs")
-    except (TypeError, ValueError, KeyError) as exc:
-        raise SourceError(f"config.data_spec is not a pytree spec: {exc}", path=shown) from None
-    if protocol != 1:
+    ``data`` for a sample that is one leaf.  The spec is checked shape by shape (a JSON text
+    ``[1, {"type": ..., "context": ..., "children_spec": [...]}]``; a dict's context is the JSON
+    text of its key list); anything else is a one-line SourceError naming index.json."""
+    def bad(why: str):
+        return SourceError(f"config.data_spec is not a pytree spec: {why}", path=shown)
+
+    if not isinstance(spec_text, str):
+        raise bad(f"expected the JSON text of a spec, found a {type(spec_text).__name__}")
+    spec = _json(spec_text, bad)
+    if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], dict)):
+        raise bad("expected [protocol, {type, context, children_spec}]")
+    protocol, root = spec
+    if protocol != 1 or isinstance(protocol, bool):
         raise SourceError(f"unsupported data_spec protocol: expected 1, found {protocol!r}",
                           path=shown)
+    kind, children = root.get("type"), root.get("children_spec")
+    if "type" not in root or "children_spec" not in root:
+        raise bad("the root spec needs 'type' and 'children_spec'")
+    if kind is not None and not isinstance(kind, str):
+        raise bad(f"the sample type must be a name or null, found {kind!r}")
+    if not isinstance(children, list) or not all(isinstance(c, dict) for c in children):
+        raise bad("children_spec is not a list of specs")
     if kind is None:
         names = ["data"]
     elif kind in ("builtins.dict", "collections.OrderedDict"):
-        names = [str(k) for k in json.loads(root["context"])]
+        context = root.get("context")
+        keys = _json(context, bad) if isinstance(context, str) else None
+        if not isinstance(keys, list) or not all(
+                isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys):
+            found = "none" if context is None else repr(str(context)[:80])
+            raise bad(f"a dict's context must be the JSON text of its key list, found {found}")
+        names = [str(k) for k in keys]
+        if len(names) != len(children):
+            raise bad(f"the dict has {len(names)} keys and {len(children)} children")
     elif kind in ("builtins.tuple", "builtins.list", "collections.namedtuple"):
         names = [str(i) for i in range(len(children))]
     else:
-        raise SourceError(f"unsupported sample type {kind!r} in data_spec: expected a dict, "
-                          "tuple or list of values", path=shown)
+        raise SourceError(f"unsupported sample type {kind[:80]!r} in data_spec: expected a "
+                          "dict, tuple or list of values", path=shown)
     if kind is not None and any(c.get("type") is not None for c in children):
         raise SourceError("nested samples (a dict or list inside the sample) are not "
                           "supported: make each value a leaf", path=shown)
     if len(names) != count:
         raise SourceError(f"data_spec has {len(names)} leaves, data_format {count}", path=shown)
     return names
+
+
+def _json(text: str, bad):
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise bad("nested too deeply") from None
+    except ValueError as exc:
+        raise bad(f"not JSON: {exc}") from None
 
 
 def _offsets(src, count: int, where: str) -> np.ndarray:
@@ -298,6 +326,7 @@ def _unframe(data: bytes, count: int, where: str) -> tuple[Memory, np.ndarray]:
             or sum(ulen for *_, ulen in frames) != offsets[-1]:
         raise SourceError("corrupt framed chunk: its frame table and item offsets disagree",
                           path=where)
+    check_expansion(int(offsets[-1]), len(data), where, "the frame table")
     parts = [decompress("zstd", data[off:off + clen], ulen, f"{where} frame {f}")
              for f, (_, _, off, clen, ulen) in enumerate(frames)]
     return Memory(b"".join(parts), where), offsets

@@ -21,6 +21,10 @@ tag   name       payload
 
 JSON text is carried byte for byte; the tagged form is decoded and written as compact JSON
 (``separators=(",", ":")``, UTF-8, keys in stored order).
+
+Bounds (hostile leaves): nesting deeper than ``MAX_DEPTH`` (JSON text or tags) is refused, every
+count is checked against the bytes left before anything is built, and a records value with no
+keys may hold at most as many rows as the leaf has bytes (each such row reads nothing).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import struct
 
 _U32, _I64, _F64 = struct.Struct("<I"), struct.Struct("<q"), struct.Struct("<d")
 _ARRAYS = {2: ("<q", 8), 3: ("<d", 8)}
+MAX_DEPTH = 200
 
 
 def to_json(data: bytes) -> bytes:
@@ -37,11 +42,15 @@ def to_json(data: bytes) -> bytes:
     if not data or data[0] > 0x20:
         try:
             json.loads(data)
+        except RecursionError:
+            raise ValueError("json leaf is nested too deeply") from None
         except ValueError as exc:
             raise ValueError(f"json leaf is not valid JSON: {exc}") from None
         return bytes(data)
     try:
         value, end = _read(data, 0)
+    except RecursionError:
+        raise ValueError("json leaf is nested too deeply") from None
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise ValueError(f"json leaf is truncated or corrupt: {exc}") from None
     if end != len(data):
@@ -57,18 +66,25 @@ def _text(data: bytes, pos: int) -> tuple[str, int]:
     return data[pos + 4:end].decode("utf-8"), end
 
 
-def _read(data: bytes, pos: int):
+def _read(data: bytes, pos: int, depth: int = 0):
+    if depth > MAX_DEPTH:
+        raise ValueError(f"json leaf is nested more than {MAX_DEPTH} deep")
     tag = data[pos]
     pos += 1
     if tag in (0, 1, 2, 3, 4, 5, 6):
         count = _U32.unpack_from(data, pos)[0]
         pos += 4
+        # every item reads at least 4 (text), 1 (value) or 0 (a row of no keys) bytes
+        if count * (4 if tag in (1, 5) else 1) > len(data) - pos and tag != 6:
+            raise IndexError(f"{count} items run past the end")
     if tag == 0:
         end = pos + count
         if end > len(data):
             raise IndexError("json text runs past the end")
         try:
             return json.loads(data[pos:end]), end
+        except RecursionError:
+            raise ValueError("embedded JSON is nested too deeply") from None
         except ValueError as exc:
             raise ValueError(f"embedded JSON is invalid: {exc}") from None
     if tag == 1:
@@ -91,11 +107,14 @@ def _read(data: bytes, pos: int):
         out = {}
         for _ in range(count):
             key, pos = _text(data, pos)
-            out[key], pos = _read(data, pos)
+            out[key], pos = _read(data, pos, depth + 1)
         return out, pos
     if tag == 6:
         nkeys = _U32.unpack_from(data, pos)[0]
         pos += 4
+        if nkeys * 4 > len(data) - pos or count * nkeys > len(data) - pos \
+                or (not nkeys and count > len(data)):
+            raise IndexError(f"records of {count} rows and {nkeys} keys run past the end")
         keys = []
         for _ in range(nkeys):
             key, pos = _text(data, pos)

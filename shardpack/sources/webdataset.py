@@ -13,6 +13,7 @@ hidden files.
 from __future__ import annotations
 
 import functools
+import struct
 import tarfile
 import zlib
 from typing import Iterator
@@ -50,6 +51,11 @@ class WebDatasetSource(ContainerSource):
             if kind == "directory":
                 self.directories += 1
                 continue
+            raw = member_name.encode("utf-8", "surrogateescape")
+            if raw.decode("utf-8", "replace") != member_name:  # undecodable bytes, escaped
+                self.bad(f"{shown}: member {raw!r}", "member name is not valid UTF-8 (keys and "
+                         "field names are UTF-8 text)", "bad-name")
+                continue
             if kind != "file":
                 self.bad(member_where, f"tar member is a {kind}, not a regular file", "special")
                 continue
@@ -77,7 +83,7 @@ class WebDatasetSource(ContainerSource):
         which made the scan of a 20,000-image tar slower than packing it."""
         url, mtime = self.url(name), self.mtime_ns(name)
         total = self.storage.size(name)
-        pos = 0
+        pos, count, last = 0, 0, None
         with self.storage.open(name) as f:
             while pos + fmt.TAR_BLOCK <= total:
                 want = HEADER_READ
@@ -90,22 +96,29 @@ class WebDatasetSource(ContainerSource):
                         m = fmt.parse_tar_header(head)
                         break
                     except FormatError as exc:
-                        if "truncated" in str(exc) and len(head) == want and want < MAX_HEADER:
+                        if "truncated" in exc.message and len(head) == want \
+                                and want < MAX_HEADER:
                             want *= 4  # long pax records: read more of the header
                             continue
-                        raise SourceError(f"corrupt tar at byte {pos}: {exc}", path=shown) \
-                            from None
+                        raise SourceError(f"{_nth(count, last)}: corrupt tar header at byte "
+                                          f"{pos + (exc.offset or 0)}: {exc.message}",
+                                          path=shown) from None
                 start = pos + m.data_offset
                 if start + m.size > total:
                     raise SourceError(f"tar member {m.name!r} runs past the end of the file "
                                       f"({start + m.size} > {total} bytes): truncated",
                                       path=shown)
+                if m.end <= 0:  # parse_tar_header guarantees it: the scan always advances
+                    raise SourceError(f"tar member {m.name!r} at byte {pos} does not advance "
+                                      "the archive", path=shown)
                 yield m.name, m.kind, functools.partial(_ranged, url, m.size, mtime, start)
                 pos += m.end
+                count, last = count + 1, m.name
         # no end-of-archive blocks: tolerated (some writers omit them), every member was whole
 
     def _stream(self, name: str, shown: str):
         """Compressed tar: decompress as a stream (``tarfile``), fields carried inline."""
+        count, last = 0, None
         with self.storage.open(name) as f:
             try:
                 tf = tarfile.open(fileobj=f, mode="r|*")
@@ -114,12 +127,32 @@ class WebDatasetSource(ContainerSource):
                     if m is None:
                         return
                     tf.members.clear()  # tarfile keeps every member it saw: bounded memory
+                    # tarfile takes a negative size, and ignores a pax size it cannot parse
+                    pax_size = m.pax_headers.get("size")
+                    if m.size < 0 or (pax_size is not None and not (
+                            pax_size.isascii() and pax_size.isdigit() and len(pax_size) <= 19)):
+                        raise SourceError(f"{_nth(count, last)}: bad tar header: size "
+                                          f"{pax_size if pax_size is not None else m.size!r} "
+                                          "is not a non-negative integer", path=shown)
                     kind = ("file" if m.isreg() else "directory" if m.isdir()
                             else "link" if m.issym() or m.islnk() else "special file")
                     data = tf.extractfile(m).read() if kind == "file" else b""
+                    if len(data) != (m.size if kind == "file" else 0):
+                        raise SourceError(f"tar member {m.name!r} holds {len(data)} of its "
+                                          f"{m.size} bytes: truncated", path=shown)
                     yield m.name, kind, functools.partial(inline, data=data)
-            except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-                raise SourceError(f"not a readable compressed tar: {exc}", path=shown) from None
+                    count, last = count + 1, m.name
+            except SourceError:
+                raise
+            except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, UnicodeError,
+                    OverflowError, struct.error) as exc:
+                raise SourceError(f"{_nth(count, last)}: not a readable compressed tar: "
+                                  f"{type(exc).__name__}: {exc}", path=shown) from None
+
+
+def _nth(count: int, last: str | None) -> str:
+    """Where a member whose header cannot be read is: its number, and the member before it."""
+    return f"member {count + 1}" + (f" (after {last!r})" if last is not None else "")
 
 
 HEADER_READ = 4096
