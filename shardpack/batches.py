@@ -473,12 +473,17 @@ class Gatherer:
             if parsed is None:
                 try:
                     parsed = _parse_ints(f, src, starts[mine], sizes[mine])
-                except ValueError:
+                except ValueError as exc:
                     if (shard, f) in bad:
-                        raise
+                        raise _bad_label(self.reader, shard, f, src, starts[mine],
+                                         sizes[mine], rows[mine], exc) from None
                     bad.add((shard, f))  # somewhere in the stretch: this batch's rows only
                     mine = todo[shards[todo] == shard]
-                    parsed = _parse_ints(f, src, starts[mine], sizes[mine])
+                    try:
+                        parsed = _parse_ints(f, src, starts[mine], sizes[mine])
+                    except ValueError as exc:  # name the shard and the first bad sample
+                        raise _bad_label(self.reader, shard, f, src, starts[mine],
+                                         sizes[mine], rows[mine], exc) from None
             labels[mine] = parsed
             memo = self.reader.labels.get((shard, f))
             if memo is None:
@@ -486,6 +491,23 @@ class Gatherer:
                     self.reader.index(shard).num_samples, _UNPARSED, dtype=np.int64)
             memo[rows[mine]] = parsed
         return labels[a:b].copy()
+
+
+def _bad_label(reader, shard: int, field: str, src, starts, sizes, rows, exc):
+    """A :class:`~shardpack.errors.FormatError` naming the shard and the first sample whose
+    label ``int()`` refuses."""
+    from .errors import FormatError
+
+    for start, size, row in zip(starts.tolist(), sizes.tolist(), rows.tolist()):
+        text = src[start:start + size].tobytes()
+        try:
+            int(text)
+        except ValueError:
+            index = reader.index(shard)
+            return FormatError(f"field {field!r} holds {text[:40]!r}, not an integer label",
+                               path=reader.shard_path(shard), key=index.key(row),
+                               offset=int(index.starts[row]))
+    return FormatError(str(exc), path=reader.shard_path(shard))
 
 
 def _parse_ints(field: str, src: np.ndarray, starts: np.ndarray,

@@ -612,6 +612,8 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
     if n and (np.any(starts[1:] < starts[:-1]) or int(starts[-1]) > shard_bytes
               or np.any(koff[1:] < koff[:-1])):
         raise FormatError("index offsets are not increasing or run past the shard", path=path)
+    if n and fmt == _FORMAT_CODE["tar"] and np.any(raw_sizes != np.diff(starts)):
+        raise FormatError("index raw sizes of tar samples differ from their spans", path=path)
     raw = raw_sizes[rows]  # compared without a sum that could wrap around 2^64
     if np.any((entry_sizes > raw) | (entry_offsets > raw - np.minimum(entry_sizes, raw))):
         raise FormatError("index field extends past its sample", path=path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bz2
 import io
+import math
 import zlib
 
 import numpy as np
@@ -253,7 +254,7 @@ def npy(dtype, shape: tuple[int, ...], raw: bytes) -> bytes:
     dtype = np.dtype(dtype)
     if dtype.hasobject or dtype.itemsize == 0:
         raise ValueError(f"array dtype {dtype} has no fixed-size binary form")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(int(d) for d in shape)  # Python ints: a crafted shape cannot wrap
     if count * dtype.itemsize != len(raw):
         raise ValueError(f"array of shape {tuple(shape)} and dtype {dtype} needs "
                          f"{count * dtype.itemsize} bytes, the sample holds {len(raw)}")

@@ -121,7 +121,7 @@ class WebDatasetSource(ContainerSource):
         count, last = 0, None
         with self.storage.open(name) as f:
             try:
-                tf = tarfile.open(fileobj=f, mode="r|*")
+                tf = tarfile.open(fileobj=f, mode="r|*", encoding="utf-8")
                 while True:
                     m = tf.next()
                     if m is None:

@@ -1,4 +1,4 @@
-"""Write the hostile conversion inputs of tests/hostile/sources/ (used by tests/test_hostile_sources.py).
+"""Write the hostile conversion inputs of tests/hostile/sources/ (for test_hostile_sources.py).
 
 Regenerate (the files are committed, so the corpus stays fixed; rerun only to add a case)::
 
