@@ -116,7 +116,7 @@ def _has_parquet_below(storage: Storage, depth: int = 3, peek: int = 64) -> bool
 def _index_kind(data: bytes) -> str | None:
     try:
         index = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(index, dict):
         return None

@@ -62,6 +62,8 @@ class ContainerSource:
             return json.loads(self.storage.read_bytes(name)), shown
         except ValueError as exc:
             raise SourceError(f"{name} is not valid JSON: {exc}", path=shown) from None
+        except RecursionError:
+            raise SourceError(f"{name} is nested too deeply to be an index", path=shown) from None
 
     def url(self, name: str) -> str:
         """The URL a worker process reads ``name`` from (an absolute path when local)."""
