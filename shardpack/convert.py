@@ -23,7 +23,8 @@ import importlib
 import json
 import os
 
-from .errors import DatasetNotFoundError, RemoteError, SourceError
+from . import format as fmt
+from .errors import DatasetNotFoundError, RemoteError, ShardpackError, SourceError
 from .pack import PackSummary, make_options, pack, pack_source
 from .storage import Storage
 
@@ -113,6 +114,20 @@ def _has_parquet_below(storage: Storage, depth: int = 3, peek: int = 64) -> bool
     return look(storage.root, 1)
 
 
+def _refuse_shardpack_source(src: str, storage_options: dict | None) -> None:
+    """A shardpack dataset is not a source: its tar shards would be read as plain WebDataset
+    tars, without the index hashes every shardpack reader checks (docs/convert.md)."""
+    storage = Storage(src, storage_options)
+    try:
+        is_dataset = storage.exists(fmt.MANIFEST_NAME)
+    except (ShardpackError, OSError):
+        return
+    if is_dataset:
+        raise SourceError("source is already a shardpack dataset", path=src,
+                          hint="open it with shardpack.ShardDataset; to change its shard "
+                               "options, 'shardpack export --to files' it and pack the result")
+
+
 def _index_kind(data: bytes) -> str | None:
     try:
         index = json.loads(data)
@@ -144,6 +159,7 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
     the file.  ``label_column`` (Parquet sources only) names a column that becomes the class
     label field ``cls`` (docs/convert.md)."""
     src = os.fspath(src)
+    _refuse_shardpack_source(src, storage_options)
     name = detect_format(src, storage_options) if from_ in (None, "auto") else from_
     if name not in FORMATS:
         raise SourceError(f"unknown --from format {name!r}: expected one of {FORMATS}")

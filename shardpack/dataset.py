@@ -360,6 +360,8 @@ class ShardDataset(IterableDataset):
                 fetcher.reading(pos + 64)
             try:
                 sample = reader.read(shard, row, views=raw)  # (raw: copied into a batch)
+                if raw:  # collate parses labels: a bad one is this sample's error, skippable
+                    _check_labels(sample, reader, shard, row)
             except ShardpackError as exc:
                 if self.on_error == "raise":
                     raise
@@ -378,6 +380,22 @@ class ShardDataset(IterableDataset):
                 sample = self.transform(sample)
             self.stats["yielded"] += 1
             yield sample
+
+
+def _check_labels(sample: dict, reader: DatasetReader, shard: int, row: int) -> None:
+    from .batches import LABEL_FIELDS
+    from .errors import FormatError
+
+    for name in LABEL_FIELDS:
+        value = sample.get(name)
+        if value is None:
+            continue
+        try:
+            int(bytes(value))
+        except ValueError:
+            raise FormatError(f"field {name!r} holds {bytes(value)[:40]!r}, not an integer "
+                              "label", path=reader.shard_path(shard), key=sample["__key__"],
+                              offset=reader.index(shard).span(row)[0]) from None
 
 
 class MapDataset:

@@ -376,6 +376,7 @@ INDEX_HEADER = struct.Struct("<8sIBBHQIIQ16sQQ")  # 72 bytes, see docs/format.md
 INDEX_TRAILER = struct.Struct("<Q")
 INDEX_WIDE = 1  # header flags (v2): entry offsets and sizes are u64; else u32 (all < 2^32)
 MAX_INDEX_FIELDS = 0xFFFF  # entry field numbers are u16
+MAX_EXPANSION = 1024  # a zstd record may decompress to at most this times its stored size + 1 MiB
 _FORMAT_CODE = {"tar": 0, "msgpack": 1}
 _COMPRESSION_CODE = {"none": 0, "zstd": 1}
 
@@ -614,6 +615,17 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
         raise FormatError("index offsets are not increasing or run past the shard", path=path)
     if n and fmt == _FORMAT_CODE["tar"] and np.any(raw_sizes != np.diff(starts)):
         raise FormatError("index raw sizes of tar samples differ from their spans", path=path)
+    if n and fmt == _FORMAT_CODE["msgpack"]:
+        stored = np.diff(starts.astype(np.int64)) - RECORD_HEADER.size
+        if comp == _COMPRESSION_CODE["none"]:
+            bad = np.any(raw_sizes.astype(np.int64) != stored)
+        else:  # decompression is sized by raw_sizes: bounded by the bytes actually stored
+            bad = np.any(raw_sizes > np.maximum(stored, 0).astype(np.uint64) * MAX_EXPANSION
+                         + (1 << 20))
+        if bad:
+            raise FormatError("index raw sizes of msgpack records disagree with their spans"
+                              + ("" if comp == _COMPRESSION_CODE["none"] else
+                                 f" (more than {MAX_EXPANSION}x the stored size)"), path=path)
     raw = raw_sizes[rows]  # compared without a sum that could wrap around 2^64
     if np.any((entry_sizes > raw) | (entry_offsets > raw - np.minimum(entry_sizes, raw))):
         raise FormatError("index field extends past its sample", path=path)
@@ -638,8 +650,9 @@ def encode_manifest(manifest: dict) -> bytes:
 def decode_manifest(data: bytes, path: str | None = None) -> dict:
     try:
         manifest = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"manifest is not valid JSON: {exc}", path=path) from None
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, UTF-8, huge integers
+        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise FormatError(f"manifest is not valid JSON: {what}", path=path) from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise FormatError(f"not a shardpack manifest (no \"format\": \"{MANIFEST_FORMAT}\")",
                           path=path)
@@ -681,9 +694,12 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
                               f"samples, more than its {s['index_bytes']:,}-byte index can hold",
                               path=path)
         for key in ("hash", "index_hash"):
-            if not isinstance(s[key], str) or len(s[key]) != 32:
+            if not isinstance(s[key], str) or len(s[key]) != 32 or \
+                    s[key].strip("0123456789abcdef"):
                 raise FormatError(f"manifest shard {number} ({s['name']}): {key!r} must be 32 "
                                   f"hex digits", path=path)
+    if sum(s["samples"] for s in shards) >= MAX_COUNT:
+        raise FormatError("manifest shards hold more samples than any dataset can", path=path)
     for key in ("num_samples", "num_shards", "num_bytes"):
         if key in manifest and not _count(manifest[key]):
             raise FormatError(f"manifest {key!r} must be a non-negative integer, found "
@@ -702,8 +718,11 @@ MIN_INDEX_BYTES = 32  # the least index bytes one sample takes (v1 and v2: start
 #                       key offset, and v2's field run)
 
 
+MAX_COUNT = 1 << 53  # counts and byte sizes a manifest may state (exact as JSON numbers anywhere)
+
+
 def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_COUNT
 
 
 def unsafe_name_reason(name: str) -> str | None:

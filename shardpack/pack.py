@@ -140,17 +140,24 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
         raise ShardpackError("--resume and --overwrite exclude each other")
     started = time.perf_counter()
     storage = Storage(out, storage_options)
-    with _OutLock(storage) as lock:
+    with _OutLock(storage):
         return _pack_locked(source, storage, options, origin, started, workers=workers,
                             resume=resume, overwrite=overwrite, executor=executor,
-                            progress=progress, source_options=source_options, lock_fd=lock.fd)
+                            progress=progress, source_options=source_options)
+
+
+LOCK_NAME = ".shardpack-lock"  # the OUT lock's file: kept (empty), never data
 
 
 class _OutLock:
-    """One writer at a time per OUT: an exclusive ``flock`` on the OUT folder itself (local
-    OUT), held for the whole pack.  The kernel drops it when the process dies, so a killed
-    pack never leaves a stale lock, and nothing is written into OUT for it.  Remote OUT
-    (s3://, ...) has no such lock: docs/packing.md says so."""
+    """One writer at a time per OUT: an exclusive ``flock`` on OUT/.shardpack-lock (local OUT),
+    held for the whole pack.  The kernel drops it when the process dies, so a killed pack
+    never leaves a stale lock.  A file opened for writing, not the folder, so that NFS (which
+    emulates flock with fcntl locks) can lock it too.  Forked children close their copy at once
+    (os.register_at_fork below): a pool worker, ours or a caller's, must not hold it.  Remote
+    OUT (s3://, ...) has no such lock: docs/packing.md says so."""
+
+    held: set[int] = set()
 
     def __init__(self, storage: Storage):
         self.storage, self.fd = storage, None
@@ -161,29 +168,51 @@ class _OutLock:
         import fcntl
 
         root = self.storage.root
-        if os.path.exists(root) and not os.path.isdir(root):
-            raise ShardpackError("output exists and is not a folder", path=self.storage.url)
-        os.makedirs(root, exist_ok=True)
-        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.lexists(root) and not os.path.isdir(root):
+                raise ShardpackError("output exists and is not a folder", path=self.storage.url)
+            os.makedirs(root, exist_ok=True)
+            fd = os.open(os.path.join(root, LOCK_NAME),
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise PackError(f"cannot use the output folder: {exc.strerror}",
+                            path=self.storage.url) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(self.fd)
-            self.fd = None
+            os.close(fd)
             raise PackError("another pack or convert is writing into this folder right now",
                             path=self.storage.url,
                             hint="wait for it to finish, or choose another folder") from None
+        except OSError:  # no lock support here (ENOLCK): pack unguarded, as for remote OUT
+            pass
+        self.fd = fd
+        self.held.add(fd)
         return self
 
     def __exit__(self, *exc) -> None:
         if self.fd is not None:
+            self.held.discard(self.fd)
             os.close(self.fd)  # closing the descriptor releases the lock
             self.fd = None
 
 
+def _close_held_locks() -> None:
+    for fd in list(_OutLock.held):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _OutLock.held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_locks)
+
+
 def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, started: float,
-                 *, workers, resume, overwrite, executor, progress, source_options,
-                 lock_fd: int | None = None) -> PackSummary:
+                 *, workers, resume, overwrite, executor, progress, source_options
+                 ) -> PackSummary:
     state = {"shardpack": __version__, **origin, "options": options.as_dict()}
     summary = PackSummary(out=storage.url, converted_from=origin.get("from"))
     summary.notes += _prepare_out(storage, state, resume=resume, overwrite=overwrite)
@@ -196,7 +225,7 @@ def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, s
         own_pool = executor = ProcessPoolExecutor(workers or os.cpu_count(),
                                                   mp_context=get_context("fork"),
                                                   initializer=_init_worker,
-                                                  initargs=(files.shared, lock_fd))
+                                                  initargs=(files.shared,))
     elif executor is None and bar is not None:
         writer.on_files = files.add  # inline: the writer moves the bar itself
     planned = {"files": 0, "bytes": 0}
@@ -264,13 +293,8 @@ class _FileProgress:
             self.bar.update(target - self.bar.n)
 
 
-def _init_worker(counter, lock_fd: int | None = None) -> None:
+def _init_worker(counter) -> None:
     _die_with_parent()
-    if lock_fd is not None:  # the OUT lock is the packer's: a worker that outlives a killed
-        try:                 # packer by a moment must not hold it (flock follows fork)
-            os.close(lock_fd)
-        except OSError:
-            pass
 
     def add(n: int) -> None:
         with counter.get_lock():
@@ -296,7 +320,7 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
     notes = []
     if storage.exists() and not storage.fs.isdir(storage.root):
         raise ShardpackError("output exists and is not a folder", path=storage.url)
-    names = [n for n in storage.listdir() if not is_temp_name(n)]
+    names = [n for n in storage.listdir() if not is_temp_name(n) and n != LOCK_NAME]
     ours = [n for n in names if _is_ours(n)]
     foreign = [n for n in names if not _is_ours(n)]
     if names and not (resume or overwrite) and not foreign and fmt.MANIFEST_NAME not in names \

@@ -71,8 +71,10 @@ class DatasetReader:
         self._inflight: dict[tuple, _Flight] = {}
         self._pieces: dict[tuple, bytes] = {}  # (shard, row) -> stored bytes, read once
         self.labels: dict[tuple, np.ndarray] = {}  # (shard, field) -> parsed labels (batches.py)
-        # shard -> samples whose stored bytes matched their index hash in this process
+        # shard -> samples whose stored bytes matched their index hash in this process, in the
+        # file whose identity (device, inode, size, mtime) is _copies[shard]
         self.checked: dict[int, np.ndarray] = {}
+        self._copies: dict[int, tuple] = {}
         self._lock = threading.RLock()
 
     def __getstate__(self):
@@ -80,7 +82,7 @@ class DatasetReader:
         # own, lazily
         state = dict(self.__dict__)
         for key in ("_indexes", "_buffers", "_chunks", "_chunk_bytes", "_inflight", "_pieces",
-                    "labels", "checked", "_lock"):
+                    "labels", "checked", "_copies", "_lock"):
             state.pop(key, None)
         return state
 
@@ -162,7 +164,14 @@ class DatasetReader:
         else:
             return None
         try:
-            view = _map(path, meta["bytes"], self.shard_path(shard))
+            view, identity = _map(path, meta["bytes"], self.shard_path(shard))
+            if self._copies.get(shard) != identity:
+                # another file than the one this process checked samples of (replaced since,
+                # or first seen): what was checked says nothing about it
+                self.checked.pop(shard, None)
+                for key in [k for k in self.labels if k[0] == shard]:
+                    del self.labels[key]
+                self._copies[shard] = identity
             if entry is not None:  # the cache checked the whole file's hash: every sample
                 self._seen(shard)[:] = True
             else:
@@ -206,14 +215,16 @@ class DatasetReader:
                 good.append(row)
         if not good and len(probes) > 1:  # (one sample: a corrupt sample, named when read)
             a = index.span(probes[0])[0]
-            raise IntegrityError("the shard does not match its index (its first, middle and "
-                                 "last samples all differ): replaced, swapped with another "
-                                 "shard, or changed since the index was written",
+            raise IntegrityError(f"the shard does not match its index (all {len(probes)} "
+                                 "samples checked when it was mapped differ): replaced, "
+                                 "swapped with another shard, or changed since the index was "
+                                 "written",
                                  path=self.shard_path(shard), offset=a,
                                  hint="run 'shardpack verify' on the dataset")
         self._seen(shard)[good] = True
 
-    def check_rows(self, shard: int, rows: np.ndarray, buf, base: int = 0) -> None:
+    def check_rows(self, shard: int, rows: np.ndarray, buf, base: int = 0,
+                   fresh: bool = False) -> None:
         """Check the stored bytes of samples ``rows`` of shard ``shard`` against the index's
         sample hashes, each sample once per process (``checked``).  ``buf`` holds the shard's
         bytes from offset ``base`` on.  Raises :class:`IntegrityError` naming the shard and the
@@ -221,8 +232,8 @@ class DatasetReader:
         if self.trust_storage:
             return
         index = self.index(shard)
-        seen = self._seen(shard)
-        todo = rows[~seen[rows]]
+        seen = None if fresh else self._seen(shard)
+        todo = rows if fresh else rows[~seen[rows]]
         if not len(todo):
             return
         h = fmt.sample_hash
@@ -235,7 +246,8 @@ class DatasetReader:
                                      "shard)", path=self.shard_path(shard), offset=a + base,
                                      key=index.key(int(todo[k])),
                                      hint="run 'shardpack verify' on the dataset")
-        seen[todo] = True
+        if seen is not None:
+            seen[todo] = True
 
     def is_cached(self, shard: int) -> bool:
         """Whether the cache holds shard ``shard`` now (a look, not a promise: eviction may
@@ -400,7 +412,8 @@ class DatasetReader:
         if len(piece) != end - start:
             raise FormatError(f"truncated shard: wanted {end - start} bytes, got {len(piece)}",
                               path=self.shard_path(shard), offset=start, key=index.key(row))
-        self.check_rows(shard, rows, data, base)
+        # a chunk is a fresh read each time it is fetched: checked each time (no memo)
+        self.check_rows(shard, rows, data, base, fresh=True)
         return piece
 
     def read(self, shard: int, row: int, views: bool = False) -> dict:
@@ -423,7 +436,8 @@ class DatasetReader:
                               path=path, hint="the shard is truncated or replaced; run "
                                               "'shardpack verify'")
         view = memoryview(data)
-        self.check_rows(shard, np.arange(index.num_samples, dtype=np.int64), view)
+        # a whole new read of the file: every sample checked, whatever was checked before
+        self.check_rows(shard, np.arange(index.num_samples, dtype=np.int64), view, fresh=True)
         for row in range(index.num_samples):
             start, end = index.span(row)
             yield decode_sample(index, row, view[start:end], path)
@@ -437,18 +451,22 @@ def open_reader(url, storage_options: dict | None = None, **kwargs) -> DatasetRe
     return DatasetReader(url, storage_options, **kwargs)
 
 
-def _map(path: str, expected: int, display: str) -> memoryview:
+def _map(path: str, expected: int, display: str) -> tuple[memoryview, tuple]:
+    """(read-only map of the file, its identity: device, inode, size, mtime)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise DatasetNotFoundError("shard is missing", path=display) from None
     try:
-        size = os.fstat(fd).st_size
-        if size != expected:
-            raise FormatError(f"shard is {size} bytes, the manifest says {expected} "
+        st = os.fstat(fd)
+        if st.st_size != expected:
+            raise FormatError(f"shard is {st.st_size} bytes, the manifest says {expected} "
                               "(truncated or replaced)", path=display,
                               hint="run 'shardpack verify'")
-        return memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ)) if size else memoryview(b"")
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ)) if st.st_size \
+            else memoryview(b"")
+        return view, identity
     finally:
         os.close(fd)
 

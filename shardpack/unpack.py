@@ -84,7 +84,7 @@ def _fill(job: _Job, bar) -> None:
             why = job.too_long(name)
         if why:
             raise UnsafePathError(f"refusing to make class folder {_shown(name)!r}: {why}",
-                                  path=reader.url)
+                                  path=reader.storage.url)
         job.mkdir(name)
     skip = "cls" if folder_classes else None
     for shard in range(len(reader.shards)):
@@ -297,7 +297,7 @@ def _unpack_shard(job: _Job, shard: int, bar, skip: str | None) -> None:
     view = memoryview(data)
     # every sample against its index hash before any of it is written (a swapped or changed
     # shard is named here, not written out under the wrong keys)
-    reader.check_rows(shard, np.arange(index.num_samples, dtype=np.int64), view)
+    reader.check_rows(shard, np.arange(index.num_samples, dtype=np.int64), view, fresh=True)
     for row in range(index.num_samples):
         start, end = index.span(row)
         key = index.key(row)

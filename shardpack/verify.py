@@ -41,6 +41,7 @@ class VerifyReport:
     fields: set = dataclass_field(default_factory=set)
     writer_skips: int = 0
     max_cls: int | None = None
+    versions: set = dataclass_field(default_factory=set)
 
     @property
     def ok(self) -> bool:
@@ -82,6 +83,9 @@ def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Proble
     differs("num_shards", m.get("num_shards"), len(shards), "the shard entries")
     differs("num_bytes", m.get("num_bytes"), sum(s["bytes"] for s in shards),
             "the shard entries")
+    if report.versions and m.get("version") not in report.versions:
+        out.append(Problem(where, f"version is {m.get('version')!r}, but the indexes are "
+                                  f"version {sorted(report.versions)}"))
     if report.indexes_read == len(shards):  # the indexes' own view, where all were readable
         differs("fields", m.get("fields"), sorted(report.fields), "the indexes")
         skipped = m.get("skipped") or {}
@@ -98,7 +102,9 @@ def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Proble
         out.append(Problem(where, f"group is {m.get('group')!r}, expected null, 'image' or "
                                   "'webdataset'"))
     classes = m.get("classes")
-    if classes is not None and report.max_cls is not None and report.max_cls >= len(classes):
+    # derivable for ImageFolder packs only (a converted label may lie outside its class list)
+    if m.get("layout") == "imagefolder" and classes is not None and \
+            report.max_cls is not None and report.max_cls >= len(classes):
         out.append(Problem(where, f"{len(classes)} classes, but a sample has cls "
                                   f"{report.max_cls}"))
     return out
@@ -113,8 +119,24 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     except ShardpackError as exc:
         return [Problem(reader.storage.display(entry["index"]), exc.message)]
     report.indexes_read += 1
+    report.versions.add(index.version)
     report.fields.update(index.fields)
     report.writer_skips += index.skipped
+    problems_here = []
+    m = reader.manifest
+    for what, found, indexed in (("shard_format", m.get("shard_format"), index.shard_format),
+                                 ("compression", m.get("compression"), index.compression)):
+        if found != indexed:
+            problems_here.append(Problem(path, f"the manifest's {what} is {found!r}, this "
+                                               f"shard's index says {indexed!r}"))
+    if index.shard_hash.hex() != entry["hash"]:
+        problems_here.append(Problem(path, "the manifest's hash of this shard differs from the "
+                                           "one its index records"))
+    if not entry["name"].endswith(fmt.SHARD_SUFFIX[index.shard_format]):
+        problems_here.append(Problem(path, f"a {index.shard_format} shard named "
+                                           f"{entry['name']!r}"))
+    if problems_here:
+        return problems_here
     try:
         data = reader.storage.read_bytes(entry["name"])
     except ShardpackError as exc:
@@ -133,7 +155,8 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
             problems.append(Problem(path, exc.message))
     view = memoryview(data)
     images: list[Problem] = []  # undecodable images: reported after the structural checks
-    cls_column = "cls" if "cls" in index.fields and reader.manifest.get("classes") else None
+    cls_column = ("cls" if "cls" in index.fields and reader.manifest.get("classes")
+                  and reader.manifest.get("layout") == "imagefolder" else None)
     for row in range(index.num_samples):
         report.samples += 1
         start, end = index.span(row)

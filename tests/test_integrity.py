@@ -207,6 +207,10 @@ def test_verify_checks_the_whole_manifest(packed):
         "fields": ("fields", ["jpg"]),
         "layout": ("layout", "somewhere"),
         "classes": ("classes", ["c0"]),  # cls 1 exists: one class is too few
+        "compression": ("compression", "zstd"),
+        "version": ("version", 1),
+        "shard_format": ("shard_format", "msgpack" if clean["shard_format"] == "tar"
+                         else "tar"),
     }
     for what, (key, value) in edits.items():
         path.write_text(json.dumps({**clean, key: value}))
@@ -255,3 +259,48 @@ def test_trust_storage_skips_the_sample_check(packed):
         shardpack.open_reader(out).read_sample(1)
     trusting = shardpack.DatasetReader(out, trust_storage=True)
     assert bytes(trusting.read_sample(1)["jpg"]) != truth[index.key(1)]
+
+
+def test_a_bad_label_is_skippable_in_the_batched_path(tmp_path):
+    files = {}
+    for i in range(20):
+        files[f"{i:03d}.bin"] = bytes([i]) * 5
+        files[f"{i:03d}.cls"] = b"x1" if i == 7 else str(i % 3).encode()
+    shardpack.pack(make_tree(tmp_path / "src", files), tmp_path / "out", workers=1)
+    ds = shardpack.ShardDataset(tmp_path / "out", batch_size=4, batched=True, shuffle=False,
+                                on_error="skip")
+    with pytest.warns(UserWarning, match=r"sample '007'.*'cls' holds b'x1'"):
+        batches = list(ds)
+    labels = [v for b in batches for v in b["cls"].tolist()]
+    keys = [k for b in batches for k in b["__key__"]]
+    assert "007" not in keys and len(keys) == 19
+    assert labels == [int(k) % 3 for k in keys]
+    with pytest.raises(ShardpackError, match=r"sample '007'.*not an integer"):
+        list(shardpack.ShardDataset(tmp_path / "out", batch_size=4, batched=True,
+                                    shuffle=False))
+
+
+def test_the_memo_belongs_to_the_file_it_was_checked_in(tmp_path):
+    """A sample checked once, then its shard closed (per-process limit), replaced by a file
+    that differs in that sample only (the identity probes still match), and mapped again: the
+    sample is checked again, not trusted.  Whole reads of a shard are checked every time."""
+    src = _tree(tmp_path / "src")
+    out = tmp_path / "out"
+    shardpack.pack(src, out, workers=1, max_samples=6)
+    reader = shardpack.DatasetReader(out)
+    reader.MAX_OPEN_SHARDS = 1
+    first = bytes(reader.read(0, 1)["jpg"])  # sample 1 of shard 0: checked, memo set
+    reader.read(1, 0)                          # shard 1 mapped: shard 0 closed
+    index = reader.index(0)
+    assert 1 not in {0, index.num_samples // 2, index.num_samples - 1}
+    shard = out / reader.shards[0]["name"]
+    data = bytearray(shard.read_bytes())
+    name, off, size = index.sample_fields(1)[-1]
+    data[int(index.starts[1]) + off + size // 2] ^= 0x01
+    (out / "replacement").write_bytes(bytes(data))
+    (out / "replacement").rename(shard)       # a new file, as a sync or a repack makes
+    with pytest.raises(ShardpackError, match="index hash"):
+        reader.read(0, 1)
+    assert first != bytes(data[int(index.starts[1]) + off:int(index.starts[1]) + off + size])
+    with pytest.raises(ShardpackError):  # a whole read checks the whole shard again
+        list(reader.iter_shard(0))
