@@ -17,11 +17,11 @@ from __future__ import annotations
 import io
 
 from .errors import BrokenImageError
-from .images import check_image, image_format, is_image_field, sniff  # noqa: F401 (re-exported)
+from .images import check_image, image_format, sniff
 
 REENCODED = ("JPEG", "PNG", "WEBP")  # formats resized; the others pass through once checked
 
-__all__ = ["is_image_field", "resize_image"]  # is_image_field: still imported from here
+__all__ = ["resize_image"]
 
 
 def resize_image(data: bytes, field: str, short_side: int, quality: int, path: str) -> bytes:

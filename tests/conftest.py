@@ -110,3 +110,15 @@ def small_tree(tmp_path) -> Path:
         "dog/" + "long" * 40 + ".jpg": fake_jpeg(50),
     }
     return make_tree(tmp_path / "src", files)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MB tmpfs (a disk that fills up), unmounted afterwards; skipped where mount fails."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])

@@ -215,12 +215,8 @@ def test_file_changes_during_pack_skip_bad(src, tmp_path):
     assert summary.samples == 2 and summary.skipped == {"read-failed": 1}
 
 
-def test_out_of_disk_space(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here (needs root)")
+def test_out_of_disk_space(tmp_path, small_disk):
+    mnt = small_disk
     try:
         src = make_tree(tmp_path / "src", {f"{i}.bin": os.urandom(200_000) for i in range(12)})
         out = mnt / "out"

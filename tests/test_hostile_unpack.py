@@ -5,7 +5,6 @@ it."""
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -152,16 +151,6 @@ def test_shard_listed_twice(tmp_path, how):
 
 
 # 5. A full disk -------------------------------------------------------------------------------
-
-@pytest.fixture
-def small_disk(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here (needs root)")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_out_of_disk_space(tmp_path, small_disk):

@@ -70,8 +70,6 @@ def test_image_format_from_the_last_part_of_the_field_name():
     assert image_format("jpg.txt") is None and image_format("mask") is None
     assert images.is_image_field("seg.png") and images.is_image_field("image")
     assert not images.is_image_field("txt")
-    from shardpack import resize
-    assert resize.is_image_field is images.is_image_field  # writer.py imports it from there
 
 
 @pytest.mark.parametrize("name", VALID)

@@ -222,13 +222,19 @@ def test_two_thousand_dotted_names_are_two_thousand_samples(tmp_path):
     assert not (tmp_path / "out3" / fmt.MANIFEST_NAME).exists()
 
 
-def test_webdataset_grouping_still_groups_by_first_dot(tmp_path):
-    src = tmp_path / "src"
+def wds_tree(src: Path, count: int, seg: str, json_too: bool = False) -> Path:
+    """A tree grouped WebDataset-style: NNNN.jpg + NNNN.seg.png (+ NNNN.json)."""
     src.mkdir()
-    for i in range(30):
+    for i in range(count):
         (src / f"{i:04d}.jpg").write_bytes(valid_bytes("jpeg_rgb"))
-        (src / f"{i:04d}.seg.png").write_bytes(valid_bytes("png_rgba"))
-        (src / f"{i:04d}.json").write_bytes(b"{}")
+        (src / f"{i:04d}.seg.png").write_bytes(valid_bytes(seg))
+        if json_too:
+            (src / f"{i:04d}.json").write_bytes(b"{}")
+    return src
+
+
+def test_webdataset_grouping_still_groups_by_first_dot(tmp_path):
+    src = wds_tree(tmp_path / "src", 30, "png_rgba", json_too=True)
     summary = shardpack.pack(src, tmp_path / "out", workers=1)
     assert summary.samples == 30
     assert summary.fields == ["jpg", "json", "seg.png"]
@@ -423,11 +429,7 @@ def test_field_census_counts_dotted_names_only():
 
 
 def test_decode_picks_the_primary_image_of_a_webdataset_sample(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(6):
-        (src / f"{i:04d}.jpg").write_bytes(valid_bytes("jpeg_rgb"))
-        (src / f"{i:04d}.seg.png").write_bytes(valid_bytes("png_palette"))
+    src = wds_tree(tmp_path / "src", 6, "png_palette")
     shardpack.pack(src, tmp_path / "ds", workers=1)
     ds = shardpack.ShardDataset(tmp_path / "ds", batch_size=6, batched=True, shuffle=False,
                                 decode=shardpack.CpuDecode(16, train=False))
