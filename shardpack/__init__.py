@@ -18,6 +18,7 @@ from .errors import (  # noqa: E402
 )
 from .convert import convert  # noqa: E402
 from .export import ExportSummary, export  # noqa: E402  (pyarrow is loaded only for Parquet)
+from .merge import MergeSummary, merge  # noqa: E402
 from .pack import PackSummary, pack  # noqa: E402
 from .reader import DatasetReader, open_reader  # noqa: E402
 
@@ -49,6 +50,7 @@ __all__ = [
     "IntegrityError",
     "Keys",
     "MapDataset",
+    "MergeSummary",
     "PackError",
     "PackSummary",
     "RemoteError",
@@ -61,6 +63,7 @@ __all__ = [
     "collate",
     "convert",
     "export",
+    "merge",
     "open_dataset",
     "open_reader",
     "pack",

@@ -143,7 +143,7 @@ class ShardCache:
                 # no fsync: a process re-hashes a cache file before its first use unless it
                 # carries a stamp of this boot, so one torn by a crash (a new boot) is refetched;
                 # fsync cost 15-20% of a cold remote epoch
-                _stamp(tfd, shard["hash"])  # before anyone can find it (the inode keeps it)
+                _stamp(tfd, shard["hash"], own=True)  # before anyone can find it (by inode)
                 st = os.fstat(tfd)
                 with self._global():
                     self._evict(shard["bytes"], keep=path)
@@ -303,6 +303,7 @@ def _boot_id() -> str:
 
 
 _BOOT_ID = _boot_id()
+STAMP_MARGIN_NS = 50_000_000  # well over the kernel's coarse timestamp tick (<= 10 ms)
 
 
 def _stamp_value(fd: int, content_hash: str) -> bytes:
@@ -310,11 +311,22 @@ def _stamp_value(fd: int, content_hash: str) -> bytes:
     return f"{_BOOT_ID} {st.st_ino} {st.st_size} {st.st_mtime_ns} {content_hash}".encode()
 
 
-def _stamp(fd: int, content_hash: str) -> None:
-    """Mark the open cache file as hashed and found good in this boot (best effort)."""
+def _stamp(fd: int, content_hash: str, own: bool = False) -> None:
+    """Mark the open cache file as hashed and found good in this boot (best effort).
+
+    The kernel stamps writes with a coarse clock (a tick of up to 10 ms), so a change made in
+    the same tick as the hash keeps the mtime the stamp records, and would be trusted.  A file
+    whose mtime is that recent is not stamped (the next process re-hashes it, and stamps it
+    then), except the download's own temp file (``own``), whose mtime is set back by a second
+    instead: any later write then moves it."""
     if not _BOOT_ID or not hasattr(os, "setxattr"):
         return
     try:
+        st = os.fstat(fd)
+        if time.time_ns() - st.st_mtime_ns < STAMP_MARGIN_NS:
+            if not own:
+                return
+            os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns - 1_000_000_000))
         os.setxattr(fd, STAMP_ATTR, _stamp_value(fd, content_hash))
     except OSError:
         pass  # no user xattrs here: processes re-hash instead

@@ -9,6 +9,7 @@ import click
 
 from . import __version__
 from . import format as fmt
+from .engine import ENGINES
 from .errors import ShardpackError
 from .pack import plural
 from .plan import CHECKS
@@ -85,7 +86,19 @@ def _shard_options(fn):
                      show_default=True, help="Per-record zstd (msgpack shards only)."),
         click.option("--zstd-level", type=click.IntRange(1, 22), default=3, show_default=True),
         click.option("--workers", type=click.IntRange(min=1), default=None,
-                     help="Processes writing shards in parallel [default: all cores]."),
+                     help="Processes writing shards in parallel [default: all cores]. With "
+                          "--engine dask/ray and no --address: the size of the local cluster "
+                          "started for this run."),
+        click.option("--engine", type=click.Choice(ENGINES), default="local",
+                     show_default=True,
+                     help="Where the walk and the shard tasks run. local: processes on this "
+                          "machine; dask: a Dask cluster (pip install 'shardpack[dask]'); ray: "
+                          "a Ray cluster (pip install 'shardpack[ray]'). Workers read SRC and "
+                          "write OUT themselves: use paths every worker sees, or URLs."),
+        click.option("--address", default=None, metavar="ADDR",
+                     help="The cluster to use: a Dask scheduler (tcp://host:8786) or a Ray "
+                          "address (auto, ray://host:10001). Without it dask and ray start a "
+                          "local cluster for this run and stop it after."),
         click.option("--resize", type=click.IntRange(min=1), default=None,
                      metavar="SHORT_SIDE",
                      help="Shrink JPEG/PNG/WebP images so the shorter side is SHORT_SIDE "
@@ -136,13 +149,17 @@ def _report(summary) -> None:
                    "fields, other files are ignored and counted; webdataset: key = path up to "
                    "the first dot of the name (0001.jpg + 0001.seg.png). auto: image for "
                    "ImageFolder trees of images, webdataset otherwise.")
+@click.option("--part", default=None, metavar="I/N",
+              help="Pack only part I of N (counted from 0): the samples whose key hashes to "
+                   "I. Run the N parts anywhere (one job per node), then `shardpack merge`.")
 @_shard_options
 def pack(src, out, storage_options, shard_format, shard_size, max_samples, compression,
-         zstd_level, workers, resize, quality, layout, group, check, skip_bad, resume, overwrite,
-         quiet):
+         zstd_level, workers, engine, address, resize, quality, layout, group, check, part,
+         skip_bad, resume, overwrite, quiet):
     """Pack the files under SRC into shards at OUT.
 
-    SRC is a folder or a .csv/.jsonl listing with a `path` column. In an ImageFolder tree
+    SRC is a folder (local, or a URL such as s3://bucket/tree) or a .csv/.jsonl listing with a
+    `path` column; OUT a folder or URL. In an ImageFolder tree
     (class folders) every image file is one sample (`cat/IMG_2019.01.05.JPEG` -> key
     `cat/IMG_2019.01.05`, field `JPEG`, plus `cls`), with sidecars such as
     `cat/IMG_2019.01.05.json`. Other trees group WebDataset-style: `a/0001.jpg` +
@@ -155,8 +172,8 @@ def pack(src, out, storage_options, shard_format, shard_size, max_samples, compr
     summary = run_pack(src, out, format=shard_format, shard_size=shard_size,
                        max_samples=max_samples, compression=compression, zstd_level=zstd_level,
                        resize=resize, quality=quality, skip_bad=skip_bad, layout=layout,
-                       group=group, check=check,
-                       workers=workers, resume=resume, overwrite=overwrite,
+                       group=group, check=check, workers=workers, engine=engine,
+                       address=address, part=part, resume=resume, overwrite=overwrite,
                        progress=not quiet and sys.stderr.isatty(),
                        storage_options=_parse_options(storage_options))
     _report(summary)
@@ -183,8 +200,8 @@ CONVERT_FROM = ["auto", "webdataset", "mds", "litdata", "parquet", "imagefolder"
                    "values, which become the manifest's classes).")
 @_shard_options
 def convert(src, out, from_, allow_pickle, label_column, storage_options, shard_format,
-            shard_size, max_samples, compression, zstd_level, workers, resize, quality, check,
-            skip_bad, resume, overwrite, quiet):
+            shard_size, max_samples, compression, zstd_level, workers, engine, address, resize,
+            quality, check, skip_bad, resume, overwrite, quiet):
     """Convert a WebDataset, MDS, LitData, Parquet/Hugging Face, ImageFolder or CSV/JSONL
     dataset at SRC into a shardpack dataset at OUT.
 
@@ -205,10 +222,48 @@ def convert(src, out, from_, allow_pickle, label_column, storage_options, shard_
                           shard_size=shard_size, max_samples=max_samples,
                           compression=compression, zstd_level=zstd_level, resize=resize,
                           quality=quality, skip_bad=skip_bad, check=check, workers=workers,
-                          resume=resume, overwrite=overwrite,
+                          engine=engine, address=address, resume=resume, overwrite=overwrite,
                           progress=not quiet and sys.stderr.isatty(),
                           storage_options=_parse_options(storage_options))
     _report(summary)
+
+
+@main.command()
+@click.argument("parts", nargs=-1, required=True, metavar="PART...")
+@click.argument("out", type=str)
+@click.option("--overwrite", is_flag=True,
+              help="Replace the dataset already in OUT (what a previous pack or merge wrote).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@storage_option
+def merge(parts, out, overwrite, quiet, storage_options):
+    """Merge the finished datasets PART... into one dataset at OUT.
+
+    Each PART must be a finished shardpack dataset (its manifest present). All parts must agree
+    on format version, --format, --compression, layout, grouping, --resize/--quality and the
+    class list (cls values index into it), and no sample key may be in two parts. Parts made
+    by `pack --part I/N` must be the whole split, 0 to N-1, and are merged in part order
+    whatever order they are given in; other parts are merged in the order given.
+
+    OUT gets every shard and index of the parts, renumbered shard-00000... in merge order, and
+    a manifest written last. Files are hard-linked when the part and OUT are local and on one
+    file system (no bytes copied); copied server-side when both are on one object store
+    (s3://, ...); otherwise copied through this machine and hashed on the way. The parts are
+    left untouched (only read). OUT must be empty unless --overwrite; on an error nothing is
+    published and what the merge put into OUT is removed.
+
+    \b
+    Examples:
+      shardpack pack data/ p0 --part 0/2 && shardpack pack data/ p1 --part 1/2
+      shardpack merge p0 p1 /fast/ds
+      shardpack merge s3://bucket/p0 s3://bucket/p1 s3://bucket/ds
+    """
+    from .merge import merge as run_merge
+
+    summary = run_merge(parts, out, storage_options=_parse_options(storage_options),
+                        overwrite=overwrite, progress=not quiet and sys.stderr.isatty())
+    for line in summary.notes:
+        click.echo(f"note: {line}", err=True)
+    click.echo(summary.line())
 
 
 @main.command()

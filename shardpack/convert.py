@@ -149,7 +149,8 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
             max_samples: int | None = None, compression: str = "none", zstd_level: int = 3,
             resize: int | None = None, quality: int = 90, skip_bad: bool = False,
             check: str = "quick", workers: int | None = None, resume: bool = False,
-            overwrite: bool = False, executor=None, progress: bool = False,
+            overwrite: bool = False, executor=None, engine: str = "local",
+            address: str | None = None, progress: bool = False,
             storage_options: dict | None = None) -> PackSummary:
     """Convert a dataset in another format (``from_``: one of :data:`FORMATS`, or ``"auto"``)
     into a shardpack dataset at ``out``; the options are those of :func:`shardpack.pack`.
@@ -169,8 +170,8 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
     common = dict(format=format, shard_size=shard_size, max_samples=max_samples,
                   compression=compression, zstd_level=zstd_level, resize=resize,
                   quality=quality, skip_bad=skip_bad, check=check, workers=workers,
-                  resume=resume, overwrite=overwrite, executor=executor, progress=progress,
-                  storage_options=storage_options)
+                  resume=resume, overwrite=overwrite, executor=executor, engine=engine,
+                  address=address, progress=progress, storage_options=storage_options)
     if name in PACK_FORMATS:
         if name == "imagefolder":
             if not os.path.isdir(src):
@@ -188,5 +189,6 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
     origin = {"source": os.path.abspath(src) if source.storage.local else src, "from": name,
               "allow_pickle": allow_pickle, **extra}
     return pack_source(source, out, options, origin=origin, workers=workers, resume=resume,
-                       overwrite=overwrite, executor=executor, progress=progress,
-                       storage_options=storage_options, source_options=storage_options)
+                       overwrite=overwrite, executor=executor, engine=engine, address=address,
+                       progress=progress, storage_options=storage_options,
+                       source_options=storage_options)

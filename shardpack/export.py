@@ -110,7 +110,7 @@ def _export(reader, dataset, out, to: str, storage_options: dict | None, limit: 
         storage = Storage(out, storage_options)
         if storage.local:
             resolve_out(storage.root)  # refuses a link to nothing or to a file; follows the rest
-        _prepare(storage, overwrite)
+        made = _prepare(storage, overwrite)
         int_cls = "cls" in reader.fields
         while True:
             try:
@@ -119,6 +119,11 @@ def _export(reader, dataset, out, to: str, storage_options: dict | None, limit: 
             except _NotInteger:  # everything written was removed: start over, cls as binary
                 int_cls = False
                 summary = ExportSummary(out=summary.out, to=to)
+            except BaseException:
+                if made:  # a failed export leaves no empty OUT behind that it made itself
+                    with contextlib.suppress(Exception):
+                        storage.fs.rmdir(storage.root)
+                raise
         if to == "parquet" and "cls" in reader.fields and not int_cls:
             summary.notes.append("field 'cls' is not always an ASCII integer: exported as binary")
     return summary
@@ -177,8 +182,10 @@ def cls_value(data: bytes) -> int:
     return value
 
 
-def _prepare(storage: Storage, overwrite: bool) -> None:
-    if storage.exists() and not storage.fs.isdir(storage.root):
+def _prepare(storage: Storage, overwrite: bool) -> bool:
+    """Make OUT ready for an export; whether it made the folder (then a failure removes it)."""
+    existed = storage.exists()
+    if existed and not storage.fs.isdir(storage.root):
         raise ShardpackError("output exists and is not a folder", path=storage.url)
     names = [n for n in storage.listdir() if not is_temp_name(n)]
     if names and not overwrite:
@@ -195,6 +202,7 @@ def _prepare(storage: Storage, overwrite: bool) -> None:
     storage.remove(MARKER_NAME)  # un-publish first, then clear
     for name in names:
         storage.remove(name)
+    return not existed
 
 
 def _export_files(reader, dataset: str, out: str, storage_options: dict | None,

@@ -60,9 +60,10 @@ def new_content_hasher():
     return xxhash.xxh3_128()
 
 
-def sample_hash(data) -> int:
-    """The index's per-sample hash over the sample's stored bytes: xxh3-64."""
-    return xxhash.xxh3_64_intdigest(data)
+# The index's per-sample hash over the sample's stored bytes: xxh3-64, as an int.  Bound
+# directly, not wrapped: readers call it once per sample on their first read, and a Python
+# wrapper was a quarter of that cost for 1 KB samples (docs/benchmarks.md, "Sample checks").
+sample_hash = xxhash.xxh3_64_intdigest
 
 
 def crc32c(data) -> int:
@@ -711,6 +712,16 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
     if classes is not None and (not isinstance(classes, list)
                                 or not all(isinstance(c, str) for c in classes)):
         raise FormatError("manifest 'classes' must be null or a list of names", path=path)
+    part = manifest.get("part")  # pack --part I/N (optional key)
+    if part is not None and not (isinstance(part, dict) and _count(part.get("index"))
+                                 and _count(part.get("count"))
+                                 and part["index"] < part["count"]):
+        raise FormatError(f"manifest 'part' must be null or {{\"index\": I, \"count\": N}} "
+                          f"with 0 <= I < N, found {part!r}"[:300], path=path)
+    merged = manifest.get("merged_from")  # shardpack merge (optional key)
+    if merged is not None and not (_count(merged) and merged >= 1):
+        raise FormatError(f"manifest 'merged_from' must be a positive integer, found "
+                          f"{merged!r}"[:300], path=path)
     return manifest
 
 

@@ -13,20 +13,20 @@ import json
 import os
 import time
 from collections import Counter
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 
 from . import __version__
 from . import format as fmt
+from .engine import Engine, LocalEngine, make_engine
 from .errors import PackError, ShardpackError
-from .plan import PackOptions, ShardTask, parse_size, plan
+from .outdir import LOCK_NAME, STATE_NAME, OutLock, clear_out, is_ours
+from .plan import PackOptions, PartOf, ShardTask, check_part, parse_size, plan
 from .samples import Source, within
 from .storage import Storage, is_temp_name
 from . import writer
 from .writer import ShardResult, result_from_index, write_shard
 
-STATE_NAME = ".shardpack-pack.json"  # options of a pack in progress; removed at commit
 
 
 @dataclass
@@ -88,11 +88,17 @@ def plural(n: int, one: str, many: str | None = None) -> str:
 def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int | None = None,
          compression: str = "none", zstd_level: int = 3, resize: int | None = None,
          quality: int = 90, skip_bad: bool = False, layout: str = "auto", group: str = "auto",
-         check: str = "quick", workers: int | None = None, resume: bool = False, overwrite: bool = False,
-         executor: Executor | None = None, progress: bool = False,
-         storage_options: dict | None = None) -> PackSummary:
-    """Pack the files under ``src`` (a folder, or a .csv/.jsonl listing) into a dataset at ``out``.
+         check: str = "quick", workers: int | None = None, resume: bool = False,
+         overwrite: bool = False, executor: Executor | None = None, engine: str = "local",
+         address: str | None = None, part: tuple[int, int] | None = None,
+         progress: bool = False, storage_options: dict | None = None) -> PackSummary:
+    """Pack the files under ``src`` (a folder or URL, or a .csv/.jsonl listing) into a dataset at
+    ``out`` (a folder or URL).
 
+    ``engine`` (``local``, ``dask``, ``ray``; shardpack/engine.py) runs the walk and the shard
+    tasks, on the cluster at ``address`` for dask and ray; ``executor`` (any
+    ``concurrent.futures.Executor``) overrides it.  ``part=(i, n)`` packs only the samples of
+    part ``i`` of ``n`` (:func:`~shardpack.plan.part_of`), for ``shardpack merge`` later.
     Returns a :class:`PackSummary`.  Raises a :class:`~shardpack.errors.ShardpackError` subclass
     with a one-line message naming the file at fault; nothing is published on failure."""
     options = make_options(format=format, shard_size=shard_size, max_samples=max_samples,
@@ -100,10 +106,11 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
                            quality=quality, skip_bad=skip_bad, layout=layout, group=group,
                            check=check)
     source = Source(src, layout=layout, group=group, skip_bad=skip_bad,
-                    exclude=_inside(out, src, storage_options))
-    return pack_source(source, out, options, origin={"source": os.path.abspath(os.fspath(src))},
-                       workers=workers, resume=resume, overwrite=overwrite, executor=executor,
-                       progress=progress, storage_options=storage_options)
+                    exclude=_inside(out, src, storage_options), storage_options=storage_options)
+    return pack_source(source, out, options, origin={"source": source.src}, workers=workers,
+                       resume=resume, overwrite=overwrite, executor=executor, engine=engine,
+                       address=address, part=part, progress=progress,
+                       storage_options=storage_options, source_options=storage_options)
 
 
 def make_options(*, format: str, shard_size, max_samples: int | None, compression: str,
@@ -129,7 +136,9 @@ def _inside(out, src, storage_options) -> str | None:
 
 def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int | None = None,
                 resume: bool = False, overwrite: bool = False, executor: Executor | None = None,
-                progress: bool = False, storage_options: dict | None = None,
+                engine: str = "local", address: str | None = None,
+                part: tuple[int, int] | None = None, progress: bool = False,
+                storage_options: dict | None = None,
                 source_options: dict | None = None) -> PackSummary:
     """The pipeline behind ``pack`` and ``convert``: any ``source`` (an iterable of
     :class:`~shardpack.samples.SourceSample` with ``.src`` and ``.report``) -> plan -> shards on
@@ -138,127 +147,70 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
     a conversion read and is recorded in the manifest with the report's notes."""
     if resume and overwrite:
         raise ShardpackError("--resume and --overwrite exclude each other")
+    if part is not None:
+        part = check_part(part)
+        origin = {**origin, "part": list(part)}
+        source = PartOf(source, *part)
     started = time.perf_counter()
     storage = Storage(out, storage_options)
-    with _OutLock(storage):
+    with OutLock(storage):
         return _pack_locked(source, storage, options, origin, started, workers=workers,
                             resume=resume, overwrite=overwrite, executor=executor,
-                            progress=progress, source_options=source_options)
+                            progress=progress, source_options=source_options, engine=engine,
+                            address=address)
 
 
-LOCK_NAME = ".shardpack-lock"  # the OUT lock's file: kept (empty), never data
-
-
-class _OutLock:
-    """One writer at a time per OUT: an exclusive ``flock`` on OUT/.shardpack-lock (local OUT),
-    held for the whole pack.  The kernel drops it when the process dies, so a killed pack
-    never leaves a stale lock.  A file opened for writing, not the folder, so that NFS (which
-    emulates flock with fcntl locks) can lock it too.  Forked children close their copy at once
-    (os.register_at_fork below): a pool worker, ours or a caller's, must not hold it.  Remote
-    OUT (s3://, ...) has no such lock: docs/packing.md says so."""
-
-    held: set[int] = set()
-
-    def __init__(self, storage: Storage):
-        self.storage, self.fd = storage, None
-
-    def __enter__(self):
-        if not self.storage.local:
-            return self
-        import fcntl
-
-        root = self.storage.root
-        try:
-            if os.path.lexists(root) and not os.path.isdir(root):
-                raise ShardpackError("output exists and is not a folder", path=self.storage.url)
-            os.makedirs(root, exist_ok=True)
-            fd = os.open(os.path.join(root, LOCK_NAME),
-                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            raise PackError(f"cannot use the output folder: {exc.strerror}",
-                            path=self.storage.url) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise PackError("another pack or convert is writing into this folder right now",
-                            path=self.storage.url,
-                            hint="wait for it to finish, or choose another folder") from None
-        except OSError:  # no lock support here (ENOLCK): pack unguarded, as for remote OUT
-            pass
-        self.fd = fd
-        self.held.add(fd)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            self.held.discard(self.fd)
-            os.close(self.fd)  # closing the descriptor releases the lock
-            self.fd = None
-
-
-def _close_held_locks() -> None:
-    for fd in list(_OutLock.held):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _OutLock.held.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_held_locks)
+def engine_of(engine: str, address: str | None, workers: int | None,
+              executor: Executor | None) -> Engine:
+    """The engine a pack runs on (shardpack/engine.py); the local pool's workers report files
+    written to the progress bar and die with the packer."""
+    return make_engine(engine, address=address, workers=workers, executor=executor,
+                       initializer=_init_worker)
 
 
 def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, started: float,
-                 *, workers, resume, overwrite, executor, progress, source_options
-                 ) -> PackSummary:
+                 *, workers, resume, overwrite, executor, progress, source_options,
+                 engine="local", address=None) -> PackSummary:
     state = {"shardpack": __version__, **origin, "options": options.as_dict()}
     summary = PackSummary(out=storage.url, converted_from=origin.get("from"))
     summary.notes += _prepare_out(storage, state, resume=resume, overwrite=overwrite)
     results: dict[int, ShardResult] = {}
-    own_pool = None
     bar = _progress(progress)
     files = _FileProgress(bar)
-    if executor is None and (workers or os.cpu_count() or 1) > 1:
-        files.shared = get_context("fork").Value("q", 0)
-        own_pool = executor = ProcessPoolExecutor(workers or os.cpu_count(),
-                                                  mp_context=get_context("fork"),
-                                                  initializer=_init_worker,
-                                                  initargs=(files.shared,))
-    elif executor is None and bar is not None:
-        writer.on_files = files.add  # inline: the writer moves the bar itself
     planned = {"files": 0, "bytes": 0}
-    try:
-        by_image = getattr(source.report, "group", None) == "image"
-        tasks = _count(plan(source, options, census=not by_image), planned, bar)
-        for result, reused in _run(tasks, executor, storage, resume,
-                                   limit=2 * (workers or os.cpu_count() or 1),
-                                   source_options=source_options, files=files):
-            results[result.number] = result
-            summary.reused_shards += reused
-            files.task_done(result, bool(reused))
+    with engine_of(engine, address, workers, executor) as runner:
+        if hasattr(source, "use_engine"):
+            source.use_engine(runner)  # the walk runs on the engine too
+        files.shared = runner.shared_counter
+        if runner.inline and bar is not None:
+            writer.on_files = files.add  # inline: the writer moves the bar itself
+        try:
+            by_image = getattr(source.report, "group", None) == "image"
+            tasks = _count(plan(source, options, census=not by_image), planned, bar)
+            for result, reused in _run(tasks, runner, storage, resume,
+                                       source_options=source_options, files=files):
+                results[result.number] = result
+                summary.reused_shards += reused
+                files.task_done(result, bool(reused))
+                if bar is not None:
+                    bar.set_postfix_str(
+                        f"{plural(len(results), 'shard')}, "
+                        f"{plural(sum(r.samples for r in results.values()), 'sample')}")
+            if not results:
+                raise ShardpackError("no samples found in the source", path=source.src,
+                                     hint="check SRC, or the skip counts of --skip-bad")
+            _finish(storage, source, results, options, summary, origin.get("from"))
+        except BaseException as exc:
+            if isinstance(runner, LocalEngine):
+                runner.close(cancel=True)
+            storage.remove_temp_files()
+            if isinstance(exc, ShardpackError):
+                _mark_failed(storage, state, exc)
+            raise
+        finally:
+            writer.on_files = None
             if bar is not None:
-                bar.set_postfix_str(f"{plural(len(results), 'shard')}, "
-                                    f"{plural(sum(r.samples for r in results.values()), 'sample')}")
-        if not results:
-            raise ShardpackError("no samples found in the source", path=source.src,
-                                 hint="check SRC, or the skip counts of --skip-bad")
-        _finish(storage, source, results, options, summary, origin.get("from"))
-    except BaseException as exc:
-        if own_pool is not None:
-            own_pool.shutdown(wait=True, cancel_futures=True)
-            own_pool = None
-        storage.remove_temp_files()
-        if isinstance(exc, ShardpackError):
-            _mark_failed(storage, state, exc)
-        raise
-    finally:
-        writer.on_files = None
-        if own_pool is not None:
-            own_pool.shutdown(wait=True)
-        if bar is not None:
-            bar.close()
+                bar.close()
     summary.files = planned["files"]
     summary.seconds = time.perf_counter() - started
     return summary
@@ -321,8 +273,8 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
     if storage.exists() and not storage.fs.isdir(storage.root):
         raise ShardpackError("output exists and is not a folder", path=storage.url)
     names = [n for n in storage.listdir() if not is_temp_name(n) and n != LOCK_NAME]
-    ours = [n for n in names if _is_ours(n)]
-    foreign = [n for n in names if not _is_ours(n)]
+    ours = [n for n in names if is_ours(n)]
+    foreign = [n for n in names if not is_ours(n)]
     if names and not (resume or overwrite) and not foreign and fmt.MANIFEST_NAME not in names \
             and _failed_run_of(storage, state):
         # What a pack of the same source and options left when it failed with an error (bad
@@ -377,9 +329,7 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
     storage.makedirs()
     storage.remove_temp_files()
     if overwrite:
-        storage.remove(fmt.MANIFEST_NAME)  # un-publish first, then clear
-        for name in ours:
-            storage.remove(name)
+        clear_out(storage, ours)  # un-publish first, then clear
     storage.write_atomic(STATE_NAME, json.dumps(state, sort_keys=True).encode())
     return notes
 
@@ -411,12 +361,6 @@ def _option_flag(name: str) -> str:
     return "--" + {"shard_format": "format"}.get(name, name).replace("_", "-")
 
 
-def _is_ours(name: str) -> bool:
-    return (name in (fmt.MANIFEST_NAME, STATE_NAME) or is_temp_name(name)
-            or (name.startswith("shard-") and name.endswith(
-                tuple(fmt.SHARD_SUFFIX.values()) + (fmt.INDEX_SUFFIX,))))
-
-
 def _count(tasks, planned: dict, bar):
     for task in tasks:
         planned["files"] += task.files
@@ -427,9 +371,12 @@ def _count(tasks, planned: dict, bar):
         yield task
 
 
-def _run(tasks, executor, storage: Storage, resume: bool, limit: int,
+def _run(tasks, runner: Engine, storage: Storage, resume: bool,
          source_options: dict | None = None, files: _FileProgress | None = None):
-    """Yield (result, reused) for every task; at most ``limit`` tasks in flight."""
+    """Yield (result, reused) for every task; at most twice the engine's workers in flight.
+    Tasks get OUT as an absolute path (local) or URL: workers may run in another folder."""
+    out = storage.root if storage.local else storage.url
+    limit = 2 * runner.workers
     pending: list[tuple[ShardTask, Future]] = []
     for task in tasks:
         if resume:
@@ -437,11 +384,11 @@ def _run(tasks, executor, storage: Storage, resume: bool, limit: int,
             if kept is not None:
                 yield kept, 1
                 continue
-        if executor is None:
-            yield write_shard(task, storage.url, _options_of(storage), source_options), 0
+        if runner.inline:
+            yield write_shard(task, out, _options_of(storage), source_options), 0
             continue
-        pending.append((task, executor.submit(write_shard, task, storage.url,
-                                              _options_of(storage), source_options)))
+        pending.append((task, runner.submit(write_shard, task, out, _options_of(storage),
+                                            source_options)))
         while len(pending) >= limit:
             yield _result(*pending.pop(0), files), 0
     while pending:
@@ -500,12 +447,15 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
     }
     if converted_from:
         manifest["source"] = {"from": converted_from, "notes": list(source.report.notes)}
+    if isinstance(source, PartOf):
+        manifest["part"] = {"index": source.index, "count": source.count}
     # shards numbered past the plan's end come from an older, longer run: remove them
     for name in storage.listdir():
-        if name.startswith("shard-") and _is_ours(name):
+        if name.startswith("shard-") and is_ours(name):
             number = int(name[6:11]) if name[6:11].isdigit() else -1
             if number >= len(ordered):
                 storage.remove(name)
+    storage.remove_temp_files()  # a task whose worker died and was rerun left its temp file
     storage.write_atomic(fmt.MANIFEST_NAME, fmt.encode_manifest(manifest))
     storage.remove(STATE_NAME)
     summary.samples = manifest["num_samples"]

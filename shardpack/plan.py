@@ -165,6 +165,40 @@ class FieldCensus:
                                "<key>.<field>")
 
 
+def part_of(key: str, count: int) -> int:
+    """The part (of ``count``) a sample belongs to in ``pack --part I/N``: by a hash of its key,
+    so parts are disjoint, cover every sample, hold about 1/N each, and do not depend on the
+    walk order, the engine or the number of workers."""
+    return xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogateescape")) % count
+
+
+def check_part(part) -> tuple[int, int]:
+    """``(index, count)`` or ``"I/N"`` -> (I, N) with 0 <= I < N; ValueError otherwise."""
+    try:
+        index, count = (map(int, part.split("/")) if isinstance(part, str) else part)
+    except (TypeError, ValueError):
+        raise SourceError(f"--part must be I/N (part I of N, counted from 0), found "
+                          f"{part!r}") from None
+    if not 0 <= index < count:
+        raise SourceError(f"--part {index}/{count}: I must be at least 0 and less than N")
+    return index, count
+
+
+class PartOf:
+    """The samples of a source that fall in part ``index`` of ``count`` (:func:`part_of`);
+    everything else (report, src, use_engine) is the source's."""
+
+    def __init__(self, source, index: int, count: int):
+        self.source, self.index, self.count = source, index, count
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
+
+    def __iter__(self):
+        index, count = self.index, self.count
+        return (s for s in self.source if part_of(s.key, count) == index)
+
+
 def plan(samples: Iterable[SourceSample], options: PackOptions,
          census: bool = True) -> Iterator[ShardTask]:
     """``census``: watch field names for dotted names folded together (:class:`FieldCensus`);

@@ -91,6 +91,16 @@ class SourceReport:
     first_skips: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # source metadata that was not carried over
 
+    def add(self, other: "SourceReport") -> None:
+        """Count in what one piece of a walk run elsewhere found (:func:`walk_unit`)."""
+        self.skipped.update(other.skipped)
+        self.hidden += other.hidden
+        self.images += other.images
+        self.ignored += other.ignored
+        self.first_ignored += other.first_ignored[:5 - len(self.first_ignored)]
+        self.first_skips += other.first_skips[:20 - len(self.first_skips)]
+        self.excluded = self.excluded or other.excluded
+
     def bad(self, skip_bad: bool, where: str, reason: str, kind: str, hint: str) -> None:
         """Raise a :class:`SourceError`, or with ``skip_bad`` count (by ``kind``) and remember
         the bad entry: the one rule of ``pack``'s walk and of every converter's source."""
@@ -105,46 +115,126 @@ class Source:
     """An iterable of samples plus a :class:`SourceReport`."""
 
     def __init__(self, src: str | os.PathLike, *, layout: str = "auto", group: str = "auto",
-                 skip_bad: bool = False, exclude: str | None = None):
+                 skip_bad: bool = False, exclude: str | None = None,
+                 storage_options: dict | None = None):
         """``exclude``: a folder (real path) under SRC left out of the walk: the output folder
-        when it lies inside SRC, so a pack never packs its own shards."""
-        self.src = os.fspath(src)
+        when it lies inside SRC, so a pack never packs its own shards.  SRC is a local path
+        (made absolute here: tasks may run in another folder or on another machine) or any URL
+        the storage layer knows (``s3://bucket/tree``): the walk lists it through fsspec."""
+        from .storage import Storage
+
+        self.storage = Storage(src, storage_options)
+        self.local = self.storage.local
+        self.src = os.path.abspath(os.fspath(src)) if self.local else self.storage.url
         self.skip_bad = skip_bad
         self.report = SourceReport()
         self._exclude = exclude
         self._field_ok: dict[str, str | None] = {}  # field name -> why it is refused (cache)
+        self._runner = None
         if layout not in LAYOUTS:
             raise SourceError(f"unknown layout {layout!r}: expected one of {LAYOUTS}")
         if group not in GROUPS:
             raise SourceError(f"unknown grouping {group!r}: expected one of {GROUPS}")
-        if not os.path.exists(self.src):
+        kind = self._kind()
+        if kind is None:
             raise SourceError("source does not exist", path=self.src)
-        if os.path.isfile(self.src):
+        if kind == "file":
             if not self.src.endswith(LISTING_SUFFIXES):
                 raise SourceError("a source file must be a .csv or .jsonl listing", path=self.src)
+            if not self.local:
+                raise SourceError("a listing file must be local (the files it lists may be "
+                                  "anywhere the storage layer reaches)", path=self.src)
             self.report.layout = "listing"
-        elif not os.path.isdir(self.src):
+        elif kind != "dir":
             raise SourceError("source is neither a folder nor a listing file", path=self.src)
         else:
-            self.root = os.path.realpath(self.src)
+            self.root = os.path.realpath(self.src) if self.local else self.src
             self.report.layout = self._detect(layout)
             if group == "auto":
                 group = ("image" if self.report.layout == "imagefolder" and self._holds_images()
                          else "webdataset")
             self.report.group = group
 
+    def _kind(self) -> str | None:
+        """'file', 'dir', 'other' or None (missing) for SRC."""
+        if self.local:
+            if not os.path.exists(self.src):
+                return None
+            return ("file" if os.path.isfile(self.src) else "dir" if os.path.isdir(self.src)
+                    else "other")
+        try:
+            info = self.storage.fs.info(self.storage.root)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise SourceError(f"cannot reach the source: {exc}", path=self.src) from None
+        return "dir" if info.get("type") == "directory" else "file"
+
+    def use_engine(self, runner) -> None:
+        """List the tree on ``runner`` (an :class:`~shardpack.engine.Engine`): one task per
+        top-level folder (class folder), results taken in walk order, so the samples are the
+        same, in the same order, whatever the engine and its worker count."""
+        if not runner.inline and self.report.layout in ("imagefolder", "files"):
+            self._runner = runner
+
     def __iter__(self) -> Iterator[SourceSample]:
         if self.report.layout == "listing":
             yield from _read_listing(self.src, self)
-        elif self.report.layout == "imagefolder":
-            for cls, name in enumerate(self.report.classes):
-                value = str(cls).encode()
-                inline = SourceField("cls", None, len(value), 0, value)
-                folder = os.path.join(self.src, name)
-                ancestors = {self.root, os.path.realpath(folder)}
-                yield from self._walk(folder, name, ancestors, inline)
-        else:
-            yield from self._walk(self.src, "", {self.root}, None)
+            return
+        units = self.units()
+        if self._runner is None:
+            for unit in units:
+                yield from self.walk_unit(unit)
+            return
+        from functools import partial
+
+        state = self.state()
+        for samples, report in self._runner.map_ordered(partial(walk_unit, state), units):
+            self.report.add(report)
+            yield from samples
+
+    def units(self) -> list[tuple]:
+        """The walk in independent pieces, in walk order: (folder, rel, class index or None,
+        recurse).  An ImageFolder: one piece per class folder.  Files: the top folder's own
+        files, then one piece per top-level folder."""
+        if self.report.layout == "imagefolder":
+            return [(f"{self.src}/{name}", name, cls, True)
+                    for cls, name in enumerate(self.report.classes)]
+        top = [(self.src, "", None, False)]
+        if self._runner is None:
+            return [(self.src, "", None, True)]
+        _, dirs = self._list(self.src, {self.root}, count=False)
+        return top + [(path, name, None, True) for name, path in dirs]
+
+    def walk_unit(self, unit: tuple) -> Iterator[SourceSample]:
+        folder, rel, cls, recurse = unit
+        extra = None
+        if cls is not None:
+            value = str(cls).encode()
+            extra = SourceField("cls", None, len(value), 0, value)
+        ancestors = {self.root}
+        if self.local and folder != self.src:
+            ancestors.add(os.path.realpath(folder))
+        yield from self._walk(folder, rel, ancestors, extra, recurse)
+
+    def state(self) -> dict:
+        """What a worker needs to walk a unit (:func:`walk_unit`): picklable, no listings."""
+        return {"src": self.src, "storage_options": self.storage.storage_options,
+                "skip_bad": self.skip_bad, "exclude": self._exclude, "root": self.root,
+                "layout": self.report.layout, "group": self.report.group}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Source":
+        from .storage import Storage
+
+        self = cls.__new__(cls)
+        self.storage = Storage(state["src"], state["storage_options"])
+        self.local = self.storage.local
+        self.src, self.root = state["src"], state["root"]
+        self.skip_bad, self._exclude = state["skip_bad"], state["exclude"]
+        self.report = SourceReport(layout=state["layout"], group=state["group"])
+        self._field_ok, self._runner = {}, None
+        return self
 
     # -- helpers ---------------------------------------------------------------------------
     def _bad(self, path: str, reason: str, kind: str) -> None:
@@ -152,46 +242,132 @@ class Source:
                         "fix or remove it, or pass --skip-bad to skip and count such entries")
 
     def _detect(self, layout: str) -> str:
-        entries = [e for e in _scandir_sorted(self.src) if not e.name.startswith(".")
-                   and not self._excluded(e.path)]
+        entries = [(name, is_dir) for name, path, is_dir in self._top()
+                   if not name.startswith(".") and not self._excluded(path)]
         if not entries:
             raise SourceError("source folder is empty", path=self.src,
                               hint="point SRC at a folder holding your files")
         if layout == "auto":
-            layout = "imagefolder" if all(e.is_dir() for e in entries) else "files"
+            layout = "imagefolder" if all(d for _, d in entries) else "files"
         if layout == "imagefolder":
-            not_dirs = [e.name for e in entries if not e.is_dir()]
+            not_dirs = [name for name, d in entries if not d]
             if not_dirs:
                 raise SourceError(f"--layout imagefolder needs only class folders at the top, "
                                   f"found file {not_dirs[0]!r}", path=self.src)
-            self.report.classes = [e.name for e in entries]
+            self.report.classes = [name for name, _ in entries]
         return layout
 
-    def _walk(self, folder: str, rel: str, ancestors: set[str],
-              extra: SourceField | None) -> Iterator[SourceSample]:
-        """Files of ``folder`` first (grouped into samples), then its subfolders, all sorted.
-        ``extra`` (the ImageFolder class field) is added to every sample.  This loop runs once
-        per file of the dataset, so it keeps to plain local operations."""
+    def _top(self) -> list[tuple[str, str, bool]]:
+        return self._entries(self.src)
+
+    def _entries(self, folder: str) -> list[tuple[str, str, bool]]:
+        """(name, path, is a folder) of a folder's entries, sorted; [] if it cannot be listed
+        (the walk reports that)."""
         try:
-            entries = _scandir_sorted(folder)
-        except OSError as exc:
-            self._bad(folder, f"cannot list folder: {exc.strerror}", "unreadable")
+            if self.local:
+                return [(e.name, e.path, e.is_dir()) for e in _scandir_sorted(folder)]
+            return [(name, path, info["type"] == "directory")
+                    for name, path, info in self._ls(folder)]
+        except OSError:
+            if folder == self.src:
+                raise
+            return []
+
+    def _ls(self, folder: str) -> list[tuple[str, str, dict]]:
+        """(name, URL, fsspec info) of a remote folder's entries, sorted by name."""
+        fs, root = self.storage.fs, self.storage.root
+        sub = folder[len(self.src):].lstrip("/")
+        where = f"{root}/{sub}" if sub else root
+        out = []
+        for info in fs.ls(where, detail=True):
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            if name and f"{where}/{name}" != where:
+                out.append((name, f"{folder}/{name}", info))
+        return sorted(out, key=lambda t: t[0])
+
+    def _walk(self, folder: str, rel: str, ancestors: set[str],
+              extra: SourceField | None, recurse: bool = True) -> Iterator[SourceSample]:
+        """Files of ``folder`` first (grouped into samples), then its subfolders, all sorted.
+        ``extra`` (the ImageFolder class field) is added to every sample."""
+        listed = self._list(folder, ancestors)
+        if listed is None:
             return
+        files, dirs = listed
+        prefix = f"{rel}/" if rel else ""
+        if self.report.group == "image":
+            yield from self._group_images(files, prefix, extra)
+        else:
+            yield from self._group_webdataset(files, prefix, extra)
+        files = None
+        if not recurse:
+            return
+        for name, path in dirs:
+            inner = ancestors | {os.path.realpath(path)} if self.local else ancestors
+            yield from self._walk(path, prefix + name, inner, extra)
+
+    def _list(self, folder: str, ancestors: set[str], count: bool = True):
+        """(files, folders) of one folder, sorted: files as (stem, field, path, size, mtime_ns)
+        with names checked, folders as (name, path).  Hidden and bad entries are counted or
+        raised here (not with ``count=False``: a look ahead that the walk repeats).  None when
+        the folder cannot be listed.  Local folders: ``os.scandir`` (symlinks checked against
+        SRC and its ancestors); URLs: fsspec's ``ls``, one request per folder."""
+        if not count:
+            report, skip = self.report, self.skip_bad
+            self.report, self.skip_bad = SourceReport(), True
+            try:
+                return self._list(folder, ancestors)
+            finally:
+                self.report, self.skip_bad = report, skip
+        try:
+            entries = (self._scan_local(folder, ancestors) if self.local
+                       else self._scan_remote(folder))
+        except OSError as exc:
+            self._bad(folder, f"cannot list folder: {exc.strerror or exc}", "unreadable")
+            return None
         files, dirs = [], []
         by_image = self.report.group == "image"
         field_ok = self._field_ok
-        for entry in entries:
-            name = entry.name
-            if name[0] == ".":
-                self.report.hidden += 1
+        for name, path, size, mtime in entries:
+            if size is None:
+                dirs.append((name, path))
                 continue
+            if by_image:
+                stem, dot, fname = name.rpartition(".")
+                if not dot or not stem:  # no extension, or a name like "jpg": not an image
+                    stem, fname = name, ""
+            else:
+                stem, _, fname = name.partition(".")
+            why = field_ok.get(fname, True)
+            if why is True:
+                why = field_ok[fname] = check_field_name(fname)
+            if why and not (by_image and not fname):
+                self._bad(path, why, "bad-name")
+                continue
+            files.append((stem, fname, path, size, mtime))
+        return files, dirs
+
+    def _usable_name(self, name: str, path: str) -> bool:
+        """Hidden names are counted, names that are not UTF-8 are bad entries."""
+        if name[0] == ".":
+            self.report.hidden += 1
+            return False
+        if not name.isascii():
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                self._bad(path, "file name is not valid UTF-8", "bad-name")
+                return False
+        return True
+
+    def _scan_local(self, folder: str, ancestors: set[str]):
+        """(name, path, size or None for a folder, mtime_ns) of a local folder's usable
+        entries.  This loop runs once per file of the dataset: plain local operations."""
+        out = []
+        for entry in _scandir_sorted(folder):
+            name = entry.name
             path = f"{folder}/{name}"
-            if not name.isascii():
-                try:
-                    name.encode("utf-8")
-                except UnicodeEncodeError:
-                    self._bad(path, "file name is not valid UTF-8", "bad-name")
-                    continue
+            if not self._usable_name(name, path):
+                continue
             if entry.is_file(follow_symlinks=False):  # the common case: no extra checks
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -205,32 +381,25 @@ class Source:
                     if self._excluded(path):  # OUT inside SRC: only a folder can be OUT
                         self.report.excluded = path
                     else:
-                        dirs.append((name, path))
+                        out.append((name, path, None, 0))
                 if kind != "file":
                     continue
-            if by_image:
-                stem, dot, fname = name.rpartition(".")
-                if not dot or not stem:  # no extension, or a name like "jpg": not an image
-                    stem, fname = name, ""
-            else:
-                stem, _, fname = name.partition(".")
-            why = field_ok.get(fname, True)
-            if why is True:
-                why = field_ok[fname] = check_field_name(fname)
-            if why and not (by_image and not fname):
-                self._bad(path, why, "bad-name")
+            out.append((name, path, st.st_size, st.st_mtime_ns))
+        return out
+
+    def _scan_remote(self, folder: str):
+        """The same for a folder on object storage or any fsspec URL: no links or special
+        files there; the modification time, where the store gives one, guards against a
+        file changing during the pack."""
+        out = []
+        for name, path, info in self._ls(folder):
+            if not self._usable_name(name, path):
                 continue
-            files.append((stem, fname, path, st.st_size, st.st_mtime_ns))
-        prefix = f"{rel}/" if rel else ""
-        if by_image:
-            for sample in self._group_images(files, prefix, extra):
-                yield sample
-            files = None
-        else:
-            yield from self._group_webdataset(files, prefix, extra)
-        for name, path in dirs:
-            real = os.path.realpath(path)
-            yield from self._walk(path, prefix + name, ancestors | {real}, extra)
+            if info.get("type") == "directory":
+                out.append((name, path, None, 0))
+            else:
+                out.append((name, path, int(info.get("size") or 0), _mtime_ns(info)))
+        return out
 
     def _group_webdataset(self, files: list, prefix: str, extra) -> Iterator[SourceSample]:
         """Key up to the first dot: consecutive files of one stem make one sample."""
@@ -307,21 +476,22 @@ class Source:
         that hold files: an ImageFolder of images groups one sample per image, one of other files
         (audio, arrays) keeps WebDataset grouping.  A folder of only junk (Thumbs.db) does not
         decide it; a few listings are read, not the tree."""
-        looked = 0
-        for dirpath, dirnames, filenames in os.walk(self.src):
-            dirnames.sort()
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")
-                           and not self._excluded(os.path.join(dirpath, d))]
-            names = [n for n in filenames if not n.startswith(".")]
+        looked, stack = 0, [self.src]
+        while stack:
+            entries = self._entries(stack.pop())
+            names = [n for n, _, is_dir in entries if not is_dir and not n.startswith(".")]
             if any(n.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for n in names):
                 return True
             looked += bool(names)
             if looked >= self.PEEK_FOLDERS:
                 return False
+            stack += [p for n, p, is_dir in reversed(entries)
+                      if is_dir and not n.startswith(".") and not self._excluded(p)]
         return False
 
     def _excluded(self, path: str) -> bool:
-        return self._exclude is not None and within(os.path.realpath(path), self._exclude)
+        return self._exclude is not None and self.local and \
+            within(os.path.realpath(path), self._exclude)
 
     def _sample(self, key: str, group: list, extra: SourceField | None) -> SourceSample | None:
         if extra is None:
@@ -366,6 +536,34 @@ class Source:
             self._bad(path, f"is a {what}, not a regular file (never opened)", "special")
             return None, None
         return "file", st
+
+
+def walk_unit(state: dict, unit: tuple) -> tuple[list[SourceSample], "SourceReport"]:
+    """One piece of the walk (:meth:`Source.units`), as an engine task: its samples and what
+    it counted."""
+    source = Source.from_state(state)
+    return list(source.walk_unit(unit)), source.report
+
+
+def _mtime_ns(info: dict) -> int:
+    """An object's modification time in ns from fsspec info (s3 ``LastModified``, local
+    ``mtime``, gcs ``updated``), else 0 (not checked)."""
+    value = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    if value is None:
+        return 0
+    if isinstance(value, (int, float)):
+        return int(value * 1e9)
+    if isinstance(value, str):
+        from datetime import datetime
+
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return 0
+    try:
+        return int(value.timestamp() * 1e9)
+    except (AttributeError, OverflowError, ValueError):
+        return 0
 
 
 def within(real: str, root: str) -> bool:

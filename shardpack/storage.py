@@ -375,6 +375,95 @@ class Storage:
         with self.open_atomic(name) as f:
             f.write(data)
 
+    COPY_CHUNK = 8 << 20  # copy_from: bytes per read of a streamed copy
+    # os.link errors that mean "no hard link here", not "something is wrong": another file
+    # system, links not allowed (protected_hardlinks, FAT, some FUSE), too many links
+    _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP,
+                          errno.EMLINK})
+
+    def copy_from(self, source: "Storage", name: str, dest: str, *, size: int,
+                  content_hash: str) -> str:
+        """Put file ``name`` of ``source`` here as ``dest``, checked against the ``size`` and
+        ``content_hash`` (:func:`format.content_hash`) a manifest records for it.  Returns how:
+
+        * ``"linked"``: both local on one file system: a hard link (``os.link``), the same
+          inode, so only the size is checked;
+        * ``"server"``: both on one object store (same filesystem class and options): the
+          store copies (fsspec ``cp_file``; S3 CopyObject), no byte passes through this process;
+          the size of the copy is checked;
+        * ``"streamed"``: anything else (another file system, across stores): read and written
+          through this process in COPY_CHUNK pieces (atomically, like every write here), and
+          hashed on the way: size and hash are checked.
+
+        A copy that does not match is removed and raises :class:`IntegrityError`."""
+        if self.local and source.local:
+            try:
+                os.link(source.path(name), self.path(dest))
+            except FileNotFoundError:
+                if not os.path.exists(source.path(name)):
+                    raise DatasetNotFoundError("file is missing",
+                                               path=source.display(name)) from None
+                raise
+            except OSError as exc:
+                if exc.errno not in self._NO_LINK:
+                    raise
+            else:
+                self._check_size(dest, size, source.display(name))
+                return "linked"
+        elif not self.local and not source.local and type(self._fs) is type(source._fs) \
+                and self.storage_options == source.storage_options:
+            def server_copy() -> bool:
+                try:
+                    self.fs.cp_file(source.path(name), self.path(dest))
+                except NotImplementedError:  # a filesystem without a copy of its own
+                    return False
+                except FileNotFoundError:
+                    raise DatasetNotFoundError("file is missing",
+                                               path=source.display(name)) from None
+                return True
+
+            if self._call("copy", dest, server_copy):
+                self._check_size(dest, size, source.display(name))
+                return "server"
+        remote = source if not source.local else self
+        remote._call("copy", name if remote is source else dest, self._stream_copy, source,
+                     name, dest, size, content_hash)
+        return "streamed"
+
+    def _stream_copy(self, source: "Storage", name: str, dest: str, size: int,
+                     content_hash: str) -> None:
+        hasher = fmt.new_content_hasher()
+        got = 0
+        try:
+            with source.open(name) as src, self.open_atomic(dest) as out:
+                while True:
+                    chunk = src.read(self.COPY_CHUNK)
+                    if not chunk:
+                        break
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    got += len(chunk)
+                # checked inside the block: a local copy that differs is never renamed into place
+                if got != size:
+                    raise IntegrityError(f"is {got} bytes, its manifest says {size}",
+                                         path=source.display(name))
+                if hasher.hexdigest() != content_hash:
+                    raise IntegrityError("does not match the hash its manifest records",
+                                         path=source.display(name))
+        except BaseException:
+            if not self.local:  # an object appears when its upload ends, error or not
+                try:
+                    self.remove(dest)
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    pass
+            raise
+
+    def _check_size(self, dest: str, size: int, what: str) -> None:
+        got = self.size(dest)
+        if got != size:
+            self.remove(dest)
+            raise IntegrityError(f"is {got} bytes, its manifest says {size}", path=what)
+
     def remove(self, name: str) -> None:
         try:
             self.fs.rm_file(self.path(name))

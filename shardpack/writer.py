@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import format as fmt
-from .errors import BrokenImageError, SourceError
+from .errors import BrokenImageError, DatasetNotFoundError, ShardpackError, SourceError
 from .plan import ShardTask
 from .images import check_image, check_image_full, is_image_field
 from .resize import resize_image
@@ -106,7 +106,7 @@ class Readahead:
         self.ends: list[int] = []  # per sample: its files are paths[:ends[i]] minus earlier ones
         for s in samples:
             self.paths += [(f.path, f.size) for f in s.fields
-                           if f.path is not None and f.offset is None]
+                           if f.path is not None and f.offset is None and not is_url(f.path)]
             self.ends.append(len(self.paths))
         self.sample = 0  # samples started
         self.next = 0    # first path not hinted yet
@@ -198,6 +198,7 @@ class RangeReader:
         self.path = None
         self.start = self.end = 0
         self.buf = b""
+        self.files: RemoteFiles | None = None  # whole files at URLs (write_shard sets it)
 
     def read(self, f: SourceField) -> bytes:
         start, end = f.offset, f.offset + f.size
@@ -218,6 +219,78 @@ class RangeReader:
         self.buf = b""  # let the old window go before the next one is read
         self.buf = storage.read_bytes(name, start, stop)
         self.path, self.start, self.end = f.path, start, stop
+
+
+class RemoteFiles:
+    """Whole source files on object storage (a ``pack`` of ``s3://...``): fetched ahead in
+    batches of up to AHEAD_FILES files / AHEAD_BYTES, each batch as concurrent requests
+    (``Storage.read_ranges``), since one request at a time would make a shard of small files
+    cost one round trip per file.  Each file is read up to the size the walk listed: a file
+    that shrank since is an error; one that changed in place at the same size, or grew, is not
+    caught (that would cost a metadata request per file; docs/scale.md)."""
+
+    AHEAD_FILES = 64
+    AHEAD_BYTES = 32 << 20
+
+    def __init__(self, task: ShardTask, storage_options: dict | None = None):
+        self.options = storage_options
+        self.order = [f for s in task.samples for f in s.fields
+                      if f.path is not None and f.offset is None and is_url(f.path)]
+        self.next = 0
+        self.got: dict[str, bytes] = {}
+        self.storages: dict[str, Storage] = {}
+
+    def read(self, f: SourceField) -> bytes:
+        data = self.got.pop(f.path, None)
+        if data is None:
+            self._fetch(f)
+            data = self.got.pop(f.path)
+        return data
+
+    def _fetch(self, f: SourceField) -> None:
+        while self.next < len(self.order) and self.order[self.next].path != f.path:
+            self.next += 1  # (skipped samples leave their files behind)
+        batch, total = [], 0
+        for g in self.order[self.next:]:
+            if len(batch) >= self.AHEAD_FILES or (batch and total + g.size > self.AHEAD_BYTES):
+                break
+            batch.append(g)
+            total += g.size
+        batch = batch or [f]
+        self.next += len(batch)
+        self.got.clear()
+        by_parent: dict[str, list[SourceField]] = {}
+        for g in batch:
+            by_parent.setdefault(g.path.rpartition("/")[0], []).append(g)
+        for parent, files in by_parent.items():
+            storage = self.storages.get(parent)
+            if storage is None:
+                storage = self.storages[parent] = Storage(parent, self.options)
+            names = [g.path.rpartition("/")[2] for g in files]
+            try:
+                datas = storage.read_ranges([(n, 0, g.size) for n, g in zip(names, files)])
+            except (ShardpackError, OSError) as exc:  # one short file spoils the batch: by one
+                datas = [self._one(storage, n, g, exc) for n, g in zip(names, files)]
+            for g, data in zip(files, datas):
+                if len(data) < g.size:
+                    raise SourceError(f"file changed during the pack (size {g.size} -> "
+                                      f"{len(data)})", path=g.path,
+                                      hint="pack again once the source is stable")
+                self.got[g.path] = data[:g.size]
+
+    @staticmethod
+    def _one(storage: Storage, name: str, f: SourceField, first: BaseException) -> bytes:
+        try:
+            return storage.read_bytes(name) if f.size else b""
+        except DatasetNotFoundError:
+            raise SourceError("file vanished during the pack", path=f.path) from None
+        except (ShardpackError, OSError) as exc:
+            raise SourceError(f"cannot read: {exc}", path=f.path) from None
+
+
+def is_url(path: str) -> bool:
+    """Whether a source path is a URL for the storage layer rather than a local path."""
+    return "://" in path and not path.startswith("file://")
 
 
 class RowReader:
@@ -332,6 +405,7 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
     opts = task.options
     storage = Storage(out_url, storage_options)
     ranges = RangeReader(source_options)
+    ranges.files = RemoteFiles(task, source_options)  # whole remote files go with the ranges
     rows = RowReader(task, source_options)
     names = sorted({f.name for s in task.samples for f in s.fields})
     column = {n: i for i, n in enumerate(names)}
@@ -466,7 +540,7 @@ def _read_only(sf: SourceField, opts, ranges: RangeReader, rows: RowReader) -> b
     if sf.path is None:
         return sf.value
     if sf.offset is None:
-        return read_field(sf)
+        return ranges.files.read(sf) if is_url(sf.path) else read_field(sf)
     return ranges.read(sf) if sf.column is None else rows.read(sf)
 
 

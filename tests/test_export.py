@@ -223,7 +223,11 @@ def test_error_leaves_nothing_published(imagefolder, tmp_path, monkeypatch, to):
     with pytest.raises(OSError, match="disk went away"):
         export(imagefolder, out, to=to, shard_size="3KB")
     assert seen_at_failure  # complete files were there when it failed...
-    assert list(out.iterdir()) == []  # ...and were removed: no partial export, no marker
+    assert not out.exists()  # ...and were removed, with the folder export made: no partial
+    out.mkdir()              # export, no marker, no empty OUT; a folder the user made stays
+    with pytest.raises(OSError, match="disk went away"):
+        export(imagefolder, out, to=to, shard_size="3KB")
+    assert out.is_dir() and list(out.iterdir()) == []
 
 
 def test_bad_arguments(imagefolder, tmp_path):

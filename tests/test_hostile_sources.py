@@ -292,3 +292,21 @@ def test_fuzz_pil_cell(width, height, mode, pixels):
     except ValueError:
         return
     assert png.startswith(b"\x89PNG")
+
+
+def test_compressed_tar_member_over_the_memory_cap_is_refused(tmp_path, monkeypatch):
+    from shardpack.sources import webdataset as wds_source
+
+    src = tmp_path / "big.tar.gz"
+    with tarfile.open(src, "w:gz") as tf:
+        for name, size in (("a.txt", 10), ("b.bin", 5000)):
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tf.addfile(info, io.BytesIO(b"x" * size))
+    monkeypatch.setattr(wds_source, "MAX_INLINE_MEMBER", 4096)
+    with pytest.raises(SourceError, match=r"big\.tar\.gz: tar member 'b\.bin' is 5000 bytes, "
+                                          r"more than the") as exc:
+        convert(src, tmp_path / "out", workers=1)
+    assert "gunzip" in exc.value.hint
+    monkeypatch.setattr(wds_source, "MAX_INLINE_MEMBER", 5000)  # at the cap: read
+    assert convert(src, tmp_path / "out2", workers=1).samples == 2

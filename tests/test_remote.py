@@ -233,14 +233,41 @@ def test_verified_stamp_spares_the_rehash_until_the_file_or_boot_changes(
     monkeypatch.setattr(cache_mod, "_BOOT_ID", "another-boot")  # as after a reboot
     assert fresh()["rehashed"] == 10
     monkeypatch.undo()
-    data = bytearray(open(cached[1], "rb").read())  # corrupt it in place: the write moves
-    st = os.stat(cached[1])                          # mtime (bumped in case the tick has not)
-    data[200] ^= 0xFF
-    with open(cached[1], "r+b") as f:
-        f.write(data)
-    os.utime(cached[1], ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    data = bytearray(open(cached[1], "rb").read())  # corrupt it in place, at once: the write
+    data[200] ^= 0xFF                                # moves mtime even within the kernel's
+    with open(cached[1], "r+b") as f:                # timestamp tick (downloads set theirs
+        f.write(data)                                # back a second)
     after = fresh()
     assert after["refetches"] == 1 and after["rehashed"] >= 1
+
+
+def test_a_file_written_within_the_timestamp_tick_is_not_stamped(tmp_path):
+    """The kernel's mtime is coarse: a stamp taken right after a write could survive another
+    write in the same tick.  Such a file is not stamped; the download's own file is, with its
+    mtime set back a second so any later write moves it."""
+    from shardpack import cache as cache_mod
+
+    if not cache_mod._BOOT_ID:
+        pytest.skip("no boot id: no stamps on this system")
+    try:
+        os.setxattr(tmp_path, "user.probe", b"1")
+    except OSError:
+        pytest.skip("no user xattrs on this file system")
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        cache_mod._stamp(fd, "h")
+        with pytest.raises(OSError):
+            os.getxattr(path, cache_mod.STAMP_ATTR)
+        before = os.fstat(fd).st_mtime_ns
+        cache_mod._stamp(fd, "h", own=True)
+        assert cache_mod._stamp_ok(fd, "h")
+        assert os.fstat(fd).st_mtime_ns == before - 1_000_000_000
+        os.pwrite(fd, b"y", 0)
+        assert not cache_mod._stamp_ok(fd, "h")
+    finally:
+        os.close(fd)
 
 
 WORKER = textwrap.dedent("""

@@ -136,6 +136,12 @@ class WebDatasetSource(ContainerSource):
                                           "is not a non-negative integer", path=shown)
                     kind = ("file" if m.isreg() else "directory" if m.isdir()
                             else "link" if m.issym() or m.islnk() else "special file")
+                    if kind == "file" and m.size > MAX_INLINE_MEMBER:
+                        raise SourceError(f"tar member {m.name!r} is {m.size} bytes, more than "
+                                          f"the {MAX_INLINE_MEMBER >> 20} MiB a member of a "
+                                          "compressed tar may hold (it is read into memory)",
+                                          path=shown, hint="decompress the tar first (gunzip); "
+                                          "a plain tar is read in byte ranges")
                     data = tf.extractfile(m).read() if kind == "file" else b""
                     if len(data) != (m.size if kind == "file" else 0):
                         raise SourceError(f"tar member {m.name!r} holds {len(data)} of its "
@@ -156,6 +162,7 @@ def _nth(count: int, last: str | None) -> str:
 
 
 HEADER_READ = 4096
+MAX_INLINE_MEMBER = 1 << 30  # a compressed tar's member is held whole: the cap on that memory
 MAX_HEADER = 1 << 20
 ZERO_BLOCK = bytes(fmt.TAR_BLOCK)
 

@@ -1,0 +1,344 @@
+"""Packing on real engines (issue 17): a Dask LocalCluster of 2 worker processes and a local Ray
+of 2 workers.  Each must give the bytes a local pack gives, from a relative path in another
+working directory, with a worker killed mid-pack, and from and to the S3 server; the parallel
+walk must give the same samples in the same order as the single walk.  Also: a missing engine
+is a one-line error naming the extra, and `--part` splits a tree into disjoint parts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import shardpack
+from shardpack import engine as engine_mod
+from shardpack import format as fmt
+from shardpack.errors import ShardpackError
+from shardpack.plan import part_of
+from shardpack.samples import Source
+
+from .conftest import fake_jpeg, make_tree
+from .servers import s3_server  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTS = dict(shard_size="16KB", check="full", resize=24)  # many small, slowish tasks
+
+
+def _tree(root: Path, classes: int = 3, per_class: int = 30) -> Path:
+    files = {}
+    for c in range(classes):
+        for i in range(per_class):
+            files[f"class{c}/img_{i:03d}.{('jpg', 'JPEG')[i % 2]}"] = _jpeg(c * 1000 + i)
+        files[f"class{c}/img_000.json"] = b'{"c": %d}' % c
+        files[f"class{c}/.DS_Store"] = b"junk"
+    return make_tree(root, files)
+
+
+_JPEGS: dict[int, bytes] = {}
+
+
+def _jpeg(seed: int) -> bytes:
+    """A real JPEG (resize and the full check decode it)."""
+    if seed not in _JPEGS:
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        rng = np.random.default_rng(seed)
+        pixels = rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=80)
+        _JPEGS[seed] = buf.getvalue()
+    return _JPEGS[seed]
+
+
+def _files(out) -> dict[str, str]:
+    """Name -> md5 of every file of a local dataset (the lock file and nothing hidden)."""
+    return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(Path(out).iterdir())
+            if not p.name.startswith(".")}
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    return _tree(tmp_path_factory.mktemp("engines") / "src")
+
+
+@pytest.fixture(scope="module")
+def reference(tree, tmp_path_factory) -> dict[str, str]:
+    out = tmp_path_factory.mktemp("ref") / "out"
+    shardpack.pack(tree, out, workers=1, **OPTS)
+    files = _files(out)
+    assert len([n for n in files if n.endswith(".tar")]) >= 8
+    return files
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, host="127.0.0.1")
+    client = distributed.Client(cluster)
+    yield cluster, client
+    client.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+# -- the engine as a strategy ---------------------------------------------------------------------
+def test_unknown_or_missing_engine_is_one_line(tree, tmp_path, monkeypatch):
+    with pytest.raises(ShardpackError, match="unknown engine 'spark'"):
+        shardpack.pack(tree, tmp_path / "a", engine="spark")
+    real = __import__("importlib").import_module
+
+    def no_ray(name, *a, **kw):
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr("importlib.import_module", no_ray)
+    with pytest.raises(ShardpackError, match=r"the ray engine needs ray, which is not installed "
+                                             r"\(pip install 'shardpack\[ray\]'\)"):
+        shardpack.pack(tree, tmp_path / "b", engine="ray")
+    with pytest.raises(ShardpackError, match="--address is for the dask and ray engines"):
+        shardpack.pack(tree, tmp_path / "c", address="tcp://127.0.0.1:1")
+    result = subprocess.run([sys.executable, "-m", "shardpack.cli", "pack", str(tree),
+                             str(tmp_path / "d"), "--engine", "spark"], capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and "spark" in result.stderr
+
+
+class _Recorder(engine_mod.Engine):
+    """An engine that runs tasks in threads and records how many were in flight at most."""
+
+    def __init__(self, workers: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.workers, self.pool = workers, ThreadPoolExecutor(8)
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+    def submit(self, fn, *args):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        future = self.pool.submit(fn, *args)
+        future.add_done_callback(lambda _: self._done())
+        return future
+
+    def _done(self):
+        with self.lock:
+            self.running -= 1
+
+
+def test_tasks_in_flight_follow_the_engines_workers(tree, tmp_path, monkeypatch, reference):
+    """Twice the engine's workers, not the driver's cores (2 here): 5 workers -> up to 10
+    shard tasks, plus the walk's 3 (one per class folder) while they overlap."""
+    pack_mod = sys.modules["shardpack.pack"]
+
+    made = []
+
+    def fake(engine, address, workers, executor):
+        made.append(_Recorder(5))
+        return made[-1]
+
+    monkeypatch.setattr(pack_mod, "engine_of", fake)
+    shardpack.pack(tree, tmp_path / "out", **OPTS)
+    assert _files(tmp_path / "out") == reference
+    assert 8 <= made[0].most <= 10 + 3
+
+
+def test_parallel_walk_gives_the_single_walks_samples_in_order(tree, tmp_path):
+    """The walk as pieces on an engine (one per class folder, or per top folder) yields what
+    the one-process walk yields, in the same order, with the same counts."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    single = Source(tree)
+    one = [(s.key, s.fields) for s in single]
+    with ProcessPoolExecutor(2) as pool:
+        parallel = Source(tree)
+        parallel.use_engine(engine_mod.ExecutorEngine(pool, workers=2))
+        two = [(s.key, s.fields) for s in parallel]
+    assert one == two and len(one) == 90
+    assert (single.report.hidden, single.report.images) == \
+        (parallel.report.hidden, parallel.report.images) == (3, 90)
+    files = make_tree(tmp_path / "files", {"top.bin": b"t", "a/1.bin": b"1", "a/b/2.bin": b"2",
+                                           "c/3.bin": b"3", "c/.hidden": b""})
+    with ProcessPoolExecutor(2) as pool:
+        parallel = Source(files)
+        parallel.use_engine(engine_mod.ExecutorEngine(pool, workers=2))
+        assert [s.key for s in parallel] == [s.key for s in Source(files)] == \
+            ["top", "a/1", "a/b/2", "c/3"]
+        assert parallel.report.hidden == 1
+
+
+# -- Dask -----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_dask_local_cluster_started_by_pack_is_byte_identical(tree, tmp_path, reference):
+    pytest.importorskip("distributed")
+    summary = shardpack.pack(tree, tmp_path / "out", engine="dask", workers=2, **OPTS)
+    assert summary.samples == 90 and _files(tmp_path / "out") == reference
+
+
+@pytest.mark.slow
+def test_dask_from_a_relative_path_in_another_folder(tree, tmp_path, reference, dask_cluster):
+    """The driver runs in another folder than the workers, with relative SRC and OUT: both
+    are made absolute before tasks leave the driver."""
+    cluster, _ = dask_cluster
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rel_src = os.path.relpath(tree, elsewhere)
+    result = subprocess.run([sys.executable, "-m", "shardpack.cli", "pack", rel_src, "out",
+                             "--engine", "dask", "--address", cluster.scheduler_address, "-q",
+                             "--shard-size", OPTS["shard_size"], "--check", "full",
+                             "--resize", "24"], cwd=elsewhere, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert _files(elsewhere / "out") == reference
+
+
+def _in_thread(pack):
+    """Start ``pack()`` in a thread: (thread, errors it raised, event set when it ends)."""
+    errors, done = [], threading.Event()
+
+    def run():
+        try:
+            pack()
+        except BaseException as exc:  # (reported by the caller)
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors, done
+
+
+@pytest.mark.slow
+def test_dask_worker_killed_mid_pack_is_rerun(tree, tmp_path, reference, dask_cluster):
+    cluster, client = dask_cluster
+    out = tmp_path / "out"
+    thread, errors, done = _in_thread(
+        lambda: shardpack.pack(tree, out, engine="dask", address=cluster.scheduler_address,
+                               **OPTS))
+    _wait_for_shards(out, 2)
+    pids = client.run(os.getpid)
+    os.kill(next(iter(pids.values())), signal.SIGKILL)
+    mid_pack = not done.is_set()
+    thread.join(240)
+    assert not errors, errors
+    assert mid_pack and _files(out) == reference
+    client.wait_for_workers(2, timeout=60)  # the nanny restarted it
+
+
+def _wait_for_shards(out: Path, n: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if out.is_dir() and len(list(out.glob("shard-*.tar"))) >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError("no shards appeared")
+
+
+@pytest.mark.slow
+def test_dask_from_and_to_s3(tree, tmp_path, reference, dask_cluster, s3_server):
+    _from_and_to_s3(tree, tmp_path, reference, s3_server,
+                    dict(engine="dask", address=dask_cluster[0].scheduler_address))
+
+
+def _from_and_to_s3(tree, tmp_path, reference, s3_server, engine: dict) -> None:
+    """SRC and OUT on the S3 server: the shards are the local pack's shards (byte for byte);
+    indexes differ only by the source mtimes their digest covers, so the samples are compared."""
+    bucket = s3_server.create_bucket()
+    s3_server.upload_dir(tree, bucket, "src")
+    options = s3_server.storage_options
+    url = f"s3://{bucket}/out"
+    summary = shardpack.pack(f"s3://{bucket}/src", url, storage_options=options, **engine,
+                             **OPTS)
+    assert summary.samples == 90 and summary.hidden == 3
+    fs = s3_server.filesystem()
+    shards = {p.rsplit("/", 1)[-1]: hashlib.md5(fs.cat_file(p)).hexdigest()
+              for p in fs.ls(f"{bucket}/out") if p.endswith(".tar")}
+    assert shards == {k: v for k, v in reference.items() if k.endswith(".tar")}
+    from shardpack.verify import verify
+    assert verify(url, storage_options=options).ok
+
+
+# -- Ray ------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ray_is_byte_identical_and_survives_a_killed_worker(tree, tmp_path, reference,
+                                                            ray_local):
+    """On the Ray this test started (pack connects to it and leaves it running): a pack is
+    byte-identical to a local one, and so is a pack during which a worker running a task
+    is killed (Ray reruns its task)."""
+    out = tmp_path / "plain"
+    shardpack.pack(tree, out, engine="ray", **OPTS)
+    assert _files(out) == reference
+    out = tmp_path / "killed"
+    thread, errors, done = _in_thread(lambda: shardpack.pack(tree, out, engine="ray", **OPTS))
+    _wait_for_shards(out, 2)
+    victims = _ray_task_workers()
+    assert victims, "no Ray worker was running a task"
+    os.kill(victims[0], signal.SIGKILL)
+    mid_pack = not done.is_set()
+    thread.join(240)
+    assert not errors, errors
+    assert mid_pack and _files(out) == reference
+
+
+def _ray_task_workers() -> list[int]:
+    """PIDs of Ray worker processes running a task now (their title is ``ray::_call``)."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmd.startswith(b"ray::_call"):
+                pids.append(int(pid))
+    return pids
+
+
+@pytest.mark.slow
+def test_ray_from_a_relative_path_and_from_and_to_s3(tree, tmp_path, reference, ray_local,
+                                                     s3_server, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # (the Ray workers were started in the first folder)
+    shardpack.pack(os.path.relpath(tree, elsewhere), "out", engine="ray", **OPTS)
+    assert _files(elsewhere / "out") == reference
+    _from_and_to_s3(tree, tmp_path, reference, s3_server, dict(engine="ray"))
+
+
+# -- parts ----------------------------------------------------------------------------------------
+def test_parts_are_disjoint_and_cover_the_tree(tree, tmp_path):
+    keys = set()
+    for i in range(3):
+        out = tmp_path / f"part{i}"
+        summary = shardpack.pack(tree, out, part=(i, 3), workers=1, shard_size="16KB")
+        manifest = fmt.decode_manifest((out / fmt.MANIFEST_NAME).read_bytes())
+        assert manifest["part"] == {"index": i, "count": 3}
+        assert manifest["classes"] == ["class0", "class1", "class2"]
+        got = [s["__key__"] for s in shardpack.ShardDataset(out, shuffle=False)]
+        assert got and all(part_of(k, 3) == i for k in got) and not keys & set(got)
+        keys |= set(got)
+        assert summary.samples == len(got)
+    assert keys == {s.key for s in Source(tree)}
+    for bad in ("3/3", "x", (1, 0), "-1/2"):
+        with pytest.raises(ShardpackError, match="--part"):
+            shardpack.pack(tree, tmp_path / "bad", part=bad)
