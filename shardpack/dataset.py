@@ -47,7 +47,7 @@ class ShardDataset(IterableDataset):
                  on_error: str = "raise", rank: int | None = None, world_size: int | None = None,
                  batched: bool = False, storage_options: dict | None = None,
                  cache_dir=None, cache_limit="50GB", prefetch: int = 2,
-                 trust_storage: bool = False):
+                 trust_storage: bool = False, shard_affinity: bool = True):
         super().__init__()
         if partial not in partition.PARTIAL_POLICIES:
             raise ValueError(f"partial must be one of {partition.PARTIAL_POLICIES}, got "
@@ -75,6 +75,9 @@ class ShardDataset(IterableDataset):
         self.decode, self.transform = decode, transform
         self.batch_size = batch_size or 1
         self.partial, self.block_size, self.shuffle_window = partial, block_size, shuffle_window
+        # each rank shuffles within its own span of shuffled shards: a job fetches the dataset
+        # about once an epoch, not once per rank (partition.epoch_order, docs/scale.md)
+        self.shard_affinity = shard_affinity
         self.on_error = on_error
         self.batched = batched
         if batched and not batch_size:
@@ -161,7 +164,7 @@ class ShardDataset(IterableDataset):
           worker): this worker's own position."""
         base = {"version": STATE_VERSION, "num_samples": len(self.reader), "seed": self.seed,
                 "shuffle": self.shuffle, "partial": self.partial, "block_size": self.block_size,
-                "shuffle_window": self.shuffle_window}
+                "shuffle_window": self.shuffle_window, "shard_affinity": self.shard_affinity}
         epoch, history = self._current()
         if samples_seen is not None:
             self._capture_dist()
@@ -194,9 +197,10 @@ class ShardDataset(IterableDataset):
                                                           unshuffled):
             raise ValueError(f"unsupported state version: expected {STATE_VERSION}, found "
                              f"{state.get('version')!r}")
-        for key in ("num_samples", "seed", "shuffle", "partial", "block_size", "shuffle_window"):
+        for key in ("num_samples", "seed", "shuffle", "partial", "block_size", "shuffle_window",
+                    "shard_affinity"):
             mine = len(self.reader) if key == "num_samples" else getattr(self, key)
-            if state[key] != mine:
+            if state.get(key, False) != mine:  # (states from before shard_affinity: False)
                 raise ValueError(f"state was saved with {key}={state[key]!r}, this dataset has "
                                  f"{mine!r}: resume needs the same dataset and order settings")
         self._resume = {"epoch": state["epoch"], "history": [list(h) for h in state["history"]],
@@ -205,9 +209,12 @@ class ShardDataset(IterableDataset):
 
     # -- iteration ----------------------------------------------------------------------------
     def _share(self, where, epoch: int, history) -> partition.Share:
+        # with shard affinity the order is cut for the world size the epoch started with
+        spans = (history[0][0] if history else where.world) if self.shard_affinity else 1
         order = partition.epoch_order(self._shard_sizes(), seed=self.seed, epoch=epoch,
                                       shuffle=self.shuffle, block_size=self.block_size,
-                                      window=self.shuffle_window)
+                                      window=self.shuffle_window, spans=spans,
+                                      partial=self.partial)
         share = partition.resume_sequences(order, history, where.world, self.partial)[where.rank]
         return partition.worker_split(share, where.num_workers, where.worker, self.batch_size)
 

@@ -650,7 +650,10 @@ def encode_manifest(manifest: dict) -> bytes:
 
 def decode_manifest(data: bytes, path: str | None = None) -> dict:
     try:
-        manifest = json.loads(data)
+        manifest = json.loads(data, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise FormatError(f"manifest writes the key {exc.key!r} twice in one object (a JSON "
+                          "reader would keep either copy)", path=path) from None
     except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, UTF-8, huge integers
         what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise FormatError(f"manifest is not valid JSON: {what}", path=path) from None
@@ -658,7 +661,7 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
         raise FormatError(f"not a shardpack manifest (no \"format\": \"{MANIFEST_FORMAT}\")",
                           path=path)
     version = manifest.get("version")
-    if version not in READ_VERSIONS:
+    if not _is_int(version) or version not in READ_VERSIONS:  # 2.0 == 2, True == 1: refused
         raise VersionError(f"unsupported manifest version: expected one of {READ_VERSIONS}, "
                            f"found {version!r}", path=path, hint="upgrade shardpack to read it")
     if manifest.get("shard_format") not in SHARD_FORMATS:
@@ -684,6 +687,17 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
             if name in seen:
                 raise FormatError(f"manifest names the file {name!r} twice", path=path)
             seen.add(name)
+        # entry N is shard N: a swapped or reordered entry (each still matching its own file)
+        # would change which samples have which position.  The suffix is compared with
+        # shard_format by verify and by the index (which records the shard's format).
+        expected = shard_name(number, manifest["shard_format"])
+        stem = expected[:-len(SHARD_SUFFIX[manifest["shard_format"]])]
+        if s["name"] not in (stem + suffix for suffix in SHARD_SUFFIX.values()) or \
+                s["index"] != index_name(number):
+            raise FormatError(f"manifest shard entry {number} names {s['name']!r} and "
+                              f"{s['index']!r}, expected {expected!r} and "
+                              f"{index_name(number)!r} (entries are numbered in order)"[:300],
+                              path=path)
         for key in ("samples", "bytes", "index_bytes"):
             if not _count(s[key]):
                 raise FormatError(f"manifest shard {number} ({s['name']}): {key!r} must be a "
@@ -712,6 +726,8 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
     if classes is not None and (not isinstance(classes, list)
                                 or not all(isinstance(c, str) for c in classes)):
         raise FormatError("manifest 'classes' must be null or a list of names", path=path)
+    _check_notes(manifest, path)
+    _check_layout(manifest, path)
     part = manifest.get("part")  # pack --part I/N (optional key)
     if part is not None and not (isinstance(part, dict) and _count(part.get("index"))
                                  and _count(part.get("count"))
@@ -725,11 +741,105 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
     return manifest
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    """``json.loads`` object hook: a key written twice in one object is refused (plain
+    ``json.loads`` keeps the last copy, other readers may keep the first)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
+CONVERTED_LAYOUTS = ("webdataset", "mds", "litdata", "parquet")  # convert --from: layout = from
+PACK_LAYOUTS = ("imagefolder", "files", "listing")                # pack's walk or listing
+
+
+def _check_notes(manifest: dict, path: str | None) -> None:
+    """The informational keys, when present: ``hidden``/``ignored`` counts, ``skipped`` counts
+    by reason, ``preprocessing`` null or ``{"resize": N, "quality": Q}``."""
+    for key in ("hidden", "ignored"):
+        if key in manifest and not _count(manifest[key]):
+            raise FormatError(f"manifest {key!r} must be a non-negative integer, found "
+                              f"{manifest[key]!r}"[:300], path=path)
+    if "skipped" in manifest:
+        skipped = manifest["skipped"]
+        if not isinstance(skipped, dict) or not all(_count(v) for v in skipped.values()):
+            raise FormatError(f"manifest 'skipped' must map reasons to non-negative integers, "
+                              f"found {skipped!r}"[:300], path=path)
+    pre = manifest.get("preprocessing")
+    if pre is not None and not (isinstance(pre, dict) and _count(pre.get("resize"))
+                                and pre["resize"] > 0 and _count(pre.get("quality"))):
+        raise FormatError(f"manifest 'preprocessing' must be null or {{\"resize\": N, "
+                          f"\"quality\": Q}} (integers, N > 0), found {pre!r}"[:300], path=path)
+
+
+def _check_layout(manifest: dict, path: str | None) -> None:
+    """What the layout implies, as pack, convert and merge write it (docs/format.md):
+
+    * ``imagefolder``: ``classes`` a list of distinct folder names (non-empty, no '/', not '.' or
+      '..'); ``verify`` checks each sample's ``cls`` and key against them;
+    * ``files``, ``listing``: no class list (pack's walk has no classes there);
+    * ``group`` only with ``imagefolder`` and ``files`` (how the walk grouped files);
+    * a ``source`` record (convert) names the layout: ``source.from`` is the layout, one of
+      :data:`CONVERTED_LAYOUTS`.
+
+    An unknown layout is left to ``verify``: a later release may add one."""
+    layout = manifest.get("layout")
+    classes = manifest.get("classes")
+    where = f"manifest layout {layout!r}"
+    if isinstance(classes, list) and len(set(classes)) != len(classes):
+        seen: set = set()
+        twice = next(c for c in classes if c in seen or seen.add(c))
+        raise FormatError(f"manifest 'classes' lists {twice!r} twice: class names must be "
+                          "distinct"[:300], path=path)
+    source = manifest.get("source")
+    if source is not None:
+        if not isinstance(source, dict):
+            raise FormatError(f"manifest 'source' must be an object, found {source!r}"[:300],
+                              path=path)
+        origin = source.get("from")
+        if origin is not None and (origin not in CONVERTED_LAYOUTS or origin != layout):
+            raise FormatError(f"manifest 'source' says converted from {origin!r}, so layout "
+                              f"must be {origin!r}, found {layout!r}"[:300], path=path)
+    if layout not in PACK_LAYOUTS + CONVERTED_LAYOUTS:  # unknown or missing: verify names it
+        return
+    if manifest.get("group") is not None and layout not in ("imagefolder", "files"):
+        raise FormatError(f"{where} has no file grouping: 'group' must be null, found "
+                          f"{manifest['group']!r}"[:300], path=path)
+    if layout in ("files", "listing") and classes is not None:
+        raise FormatError(f"{where} has no class folders: 'classes' must be null, found a list "
+                          f"of {len(classes)}"[:300], path=path)
+    if layout != "imagefolder":
+        return
+    if not classes:
+        raise FormatError(f"{where} needs the class folder names: 'classes' must be a "
+                          f"non-empty list, found {classes!r}"[:300], path=path)
+    for number, name in enumerate(classes):
+        why = unsafe_name_reason(name) or ("has a '/'" if "/" in name else None)
+        if why:
+            raise FormatError(f"manifest classes[{number}] {name!r} cannot be a class folder "
+                              f"name: {why}"[:300], path=path)
+
+
 MIN_INDEX_BYTES = 32  # the least index bytes one sample takes (v1 and v2: starts, sizes, hash,
 #                       key offset, and v2's field run)
 
 
 MAX_COUNT = 1 << 53  # counts and byte sizes a manifest may state (exact as JSON numbers anywhere)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _count(value) -> bool:

@@ -49,6 +49,8 @@ class PackSummary:
     images: int | None = None  # image files found (one sample per image), else None
     ignored: int = 0           # files that are neither images nor sidecars of one
     index_bytes: int = 0
+    engine: str = "local"
+    engine_start: float = 0.0  # seconds to start or reach the engine (part of ``seconds``)
 
     def line(self) -> str:
         rate = self.source_bytes / self.seconds / 1e6 if self.seconds else 0.0
@@ -178,7 +180,9 @@ def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, s
     bar = _progress(progress)
     files = _FileProgress(bar)
     planned = {"files": 0, "bytes": 0}
+    ready = time.perf_counter()
     with engine_of(engine, address, workers, executor) as runner:
+        summary.engine, summary.engine_start = runner.name, time.perf_counter() - ready
         if hasattr(source, "use_engine"):
             source.use_engine(runner)  # the walk runs on the engine too
         files.shared = runner.shared_counter

@@ -50,17 +50,57 @@ def _rng(*key: int) -> np.random.Generator:
 
 
 def epoch_order(shard_sizes: Sequence[int], *, seed: int = 0, epoch: int = 0,
-                shuffle: bool = True, block_size: int = 256, window: int = 4096) -> np.ndarray:
-    """The global sample order of one epoch (int64 ids, a permutation of range(N))."""
+                shuffle: bool = True, block_size: int = 256, window: int = 4096,
+                spans: int = 1, partial: str = "pad") -> np.ndarray:
+    """The global sample order of one epoch (int64 ids, a permutation of range(N)).
+
+    ``spans`` > 1 (shard affinity: ``spans`` = the world size): the shards are shuffled and laid
+    end to end, that sequence is cut where :func:`rank_split` will cut the order (``partial``
+    decides where), and blocks and windows are shuffled inside each span only.  Rank r then
+    reads the shards of its own span (and at most the two it shares with its neighbours, plus
+    the few padding repeats), so a job of W ranks fetches the dataset about once an epoch, not
+    W times.  ``spans == 1`` shuffles blocks across the whole dataset."""
     sizes = np.asarray(shard_sizes, dtype=np.int64)
     total = int(sizes.sum())
     if not shuffle or total == 0:
         return np.arange(total, dtype=np.int64)
-    if block_size < 1 or window < 1:
-        raise ValueError(f"block_size and window must be >= 1, got {block_size}, {window}")
+    if block_size < 1 or window < 1 or spans < 1:
+        raise ValueError(f"block_size, window and spans must be >= 1, got {block_size}, "
+                         f"{window}, {spans}")
     rng = _rng(seed, epoch, 0x5348)
-    # blocks never straddle shards: cut each shard at multiples of block_size
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    if spans == 1:
+        return _shuffled(starts, sizes, rng, block_size, window)
+    # shards in a random order, then runs of consecutive ids cut at the span boundaries
+    perm = rng.permutation(len(sizes))
+    run_starts, run_sizes = starts[perm], sizes[perm]
+    per = -(-total // spans) if partial == "pad" else total // spans
+    cuts = [min(total, per * k) for k in range(1, spans)] if per else []
+    order = np.empty(total, dtype=np.int64)
+    ends = np.cumsum(run_sizes)
+    lo = 0
+    for hi in cuts + [total]:
+        if hi > lo:  # the runs (pieces of shards) between sequence positions lo and hi
+            first = int(np.searchsorted(ends, lo, side="right"))
+            last = int(np.searchsorted(ends, hi, side="left"))
+            piece_starts = run_starts[first:last + 1].copy()
+            piece_sizes = run_sizes[first:last + 1].copy()
+            head = lo - (int(ends[first - 1]) if first else 0)  # samples of the first run
+            piece_starts[0] += head                           # before this span
+            piece_sizes[0] -= head
+            piece_sizes[-1] -= int(ends[last]) - hi if last < len(ends) else 0
+            keep = piece_sizes > 0
+            order[lo:hi] = _shuffled(piece_starts[keep], piece_sizes[keep], rng, block_size,
+                                     window)
+        lo = hi
+    return order
+
+
+def _shuffled(starts: np.ndarray, sizes: np.ndarray, rng, block_size: int,
+              window: int) -> np.ndarray:
+    """Ids of the runs ``starts[i] .. starts[i] + sizes[i]``, cut into blocks (never across
+    runs), blocks permuted, then each window of ``window`` shuffled on its own."""
+    total = int(sizes.sum())
     block_starts = np.concatenate([s + np.arange(0, n, block_size) for s, n in zip(starts, sizes)
                                    if n > 0])
     block_ends = np.minimum(block_starts + block_size,

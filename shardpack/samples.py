@@ -39,6 +39,9 @@ from .format import check_field_name, split_name, unsafe_name_reason
 from .images import IMAGE_EXTENSIONS
 
 LISTING_SUFFIXES = (".csv", ".jsonl")
+# pieces of a walk on an engine listed at once, at most: each comes back to the driver whole
+# (its samples, ~560 B each), so this bounds the driver's memory (docs/scale.md)
+WALK_AHEAD = 32
 LAYOUTS = ("auto", "imagefolder", "files")
 GROUPS = ("auto", "image", "webdataset")
 
@@ -189,22 +192,43 @@ class Source:
         from functools import partial
 
         state = self.state()
-        for samples, report in self._runner.map_ordered(partial(walk_unit, state), units):
+        ahead = min(2 * self._runner.workers, WALK_AHEAD)
+        for samples, report in self._runner.map_ordered(partial(walk_unit, state), units, ahead):
             self.report.add(report)
             yield from samples
 
     def units(self) -> list[tuple]:
         """The walk in independent pieces, in walk order: (folder, rel, class index or None,
-        recurse).  An ImageFolder: one piece per class folder.  Files: the top folder's own
-        files, then one piece per top-level folder."""
+        recurse).  In one process: the tree (or each class folder) whole.  On an engine: folders
+        are split, level by level down to SPLIT_DEPTH, into their own files (one piece) and
+        their subfolders (a piece each) until there are at least SPLIT_TARGET pieces a worker;
+        a folder's files still come before its subfolders, so the order is the one walk's."""
         if self.report.layout == "imagefolder":
-            return [(f"{self.src}/{name}", name, cls, True)
-                    for cls, name in enumerate(self.report.classes)]
-        top = [(self.src, "", None, False)]
+            units = [(f"{self.src}/{name}", name, cls, True)
+                     for cls, name in enumerate(self.report.classes)]
+        else:
+            units = [(self.src, "", None, True)]
         if self._runner is None:
-            return [(self.src, "", None, True)]
-        _, dirs = self._list(self.src, {self.root}, count=False)
-        return top + [(path, name, None, True) for name, path in dirs]
+            return units
+        target = self.SPLIT_TARGET * self._runner.workers
+        for _ in range(self.SPLIT_DEPTH):
+            if sum(u[3] for u in units) >= target:
+                break
+            split = []
+            for folder, rel, cls, recurse in units:
+                if not recurse:
+                    split.append((folder, rel, cls, False))
+                    continue
+                listed = self._list(folder, self._ancestors(folder, rel), count=False)
+                dirs = listed[1] if listed is not None else []
+                split.append((folder, rel, cls, listed is None))
+                prefix = f"{rel}/" if rel else ""
+                split += [(path, prefix + name, cls, True) for name, path in dirs]
+            units = split
+        return units
+
+    SPLIT_TARGET = 4  # pieces a worker, at least, when the tree is deep enough
+    SPLIT_DEPTH = 3   # folder levels split on the driver (one listing per folder split)
 
     def walk_unit(self, unit: tuple) -> Iterator[SourceSample]:
         folder, rel, cls, recurse = unit
@@ -212,10 +236,18 @@ class Source:
         if cls is not None:
             value = str(cls).encode()
             extra = SourceField("cls", None, len(value), 0, value)
-        ancestors = {self.root}
-        if self.local and folder != self.src:
-            ancestors.add(os.path.realpath(folder))
-        yield from self._walk(folder, rel, ancestors, extra, recurse)
+        yield from self._walk(folder, rel, self._ancestors(folder, rel), extra, recurse)
+
+    def _ancestors(self, folder: str, rel: str) -> set[str]:
+        """Real paths of SRC and of every folder from it down to ``folder`` (symlink loops are
+        told by them); nothing for URLs (object stores have no links)."""
+        if not self.local:
+            return set()
+        ancestors, path = {self.root}, self.src
+        for part in rel.split("/") if rel else ():
+            path = f"{path}/{part}"
+            ancestors.add(os.path.realpath(path))
+        return ancestors
 
     def state(self) -> dict:
         """What a worker needs to walk a unit (:func:`walk_unit`): picklable, no listings."""

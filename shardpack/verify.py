@@ -41,6 +41,9 @@ class VerifyReport:
     fields: set = dataclass_field(default_factory=set)
     writer_skips: int = 0
     max_cls: int | None = None
+    # ImageFolder: (cls, class folder of the key) -> [shard path, first key, samples] for each
+    # sample whose key's folder is not classes[cls]
+    misfiled: dict = dataclass_field(default_factory=dict)
     versions: set = dataclass_field(default_factory=set)
 
     @property
@@ -64,7 +67,9 @@ def verify(url, storage_options: dict | None = None, progress: bool = False,
     return report
 
 
-LAYOUTS = ("imagefolder", "files", "listing", "webdataset", "mds", "litdata", "parquet")
+LAYOUTS = fmt.PACK_LAYOUTS + fmt.CONVERTED_LAYOUTS
+# keys every pack and merge has written since the first release (optional ones: docs/format.md)
+WRITTEN = ("classes", "layout", "skipped", "hidden", "preprocessing")
 
 
 def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Problem]:
@@ -88,7 +93,7 @@ def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Proble
                                   f"version {sorted(report.versions)}"))
     if report.indexes_read == len(shards):  # the indexes' own view, where all were readable
         differs("fields", m.get("fields"), sorted(report.fields), "the indexes")
-        skipped = m.get("skipped") or {}
+        skipped = m.get("skipped", {})
         if not isinstance(skipped, dict) or not all(
                 isinstance(v, int) and v >= 0 for v in skipped.values()):
             out.append(Problem(where, f"skipped must map reasons to counts, found {skipped!r}"))
@@ -96,17 +101,31 @@ def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Proble
             out.append(Problem(where, f"skipped counts {sum(skipped.values())} entries, but "
                                       f"the indexes record {report.writer_skips} skipped by "
                                       "the shard writers"))
+    for key in WRITTEN:  # pack and merge write these; decode_manifest checks their values
+        if key not in m:
+            out.append(Problem(where, f"the {key!r} key is missing (pack and merge always "
+                                      "write it)"))
     if m.get("layout") not in LAYOUTS:
         out.append(Problem(where, f"layout is {m.get('layout')!r}, expected one of {LAYOUTS}"))
     if m.get("group") not in (None, "image", "webdataset"):
         out.append(Problem(where, f"group is {m.get('group')!r}, expected null, 'image' or "
                                   "'webdataset'"))
     classes = m.get("classes")
-    # derivable for ImageFolder packs only (a converted label may lie outside its class list)
-    if m.get("layout") == "imagefolder" and classes is not None and \
-            report.max_cls is not None and report.max_cls >= len(classes):
-        out.append(Problem(where, f"{len(classes)} classes, but a sample has cls "
-                                  f"{report.max_cls}"))
+    # derivable for ImageFolder packs only (a converted label may lie outside its class list,
+    # and decode_manifest allows a class list with no other layout)
+    if m.get("layout") == "imagefolder" and isinstance(classes, list):
+        if report.indexes_read == len(shards) and report.samples and \
+                "cls" not in report.fields:
+            out.append(Problem(where, "layout is 'imagefolder', but no sample has a 'cls' "
+                                      "field (pack gives every sample of a class folder one)"))
+        if report.max_cls is not None and report.max_cls >= len(classes):
+            out.append(Problem(where, f"{len(classes)} classes, but a sample has cls "
+                                      f"{report.max_cls}"))
+        for (cls, folder), (path, key, count) in report.misfiled.items():
+            more = f" (and {count - 1:,} more samples like it)" if count > 1 else ""
+            out.append(Problem(path, f"the manifest's classes[{cls}] is {classes[cls]!r}, but "
+                                     f"this sample with cls {cls} is in class folder "
+                                     f"{folder!r}{more}", key))
     return out
 
 
@@ -155,7 +174,10 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
             problems.append(Problem(path, exc.message))
     view = memoryview(data)
     images: list[Problem] = []  # undecodable images: reported after the structural checks
-    cls_column = ("cls" if "cls" in index.fields and reader.manifest.get("classes")
+    # ImageFolder packs: each sample's cls against the classes and its key's class folder
+    # (a list, even an empty one: [] must still be compared with the labels)
+    classes = reader.manifest.get("classes")
+    cls_column = ("cls" if "cls" in index.fields and isinstance(classes, list)
                   and reader.manifest.get("layout") == "imagefolder" else None)
     for row in range(index.num_samples):
         report.samples += 1
@@ -178,7 +200,9 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
         if decode:
             images += _check_images(index, row, record, path, key)
         if cls_column is not None:
-            _note_cls(index, row, record, path, report)
+            why = _note_cls(index, row, record, path, report, key, classes)
+            if why:
+                problems.append(Problem(path, why, key))
     if index.shard_format == "tar" and not problems:
         tail = data[int(index.starts[-1]):]
         if tail != fmt.TAR_END:
@@ -186,17 +210,27 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     return problems + images
 
 
-def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report) -> None:
-    """Keep the largest class label seen (an ASCII integer), to compare with the classes."""
+def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report, key: str,
+              classes: list) -> str | None:
+    """An ImageFolder sample's class label (ASCII decimal, written by pack from its class
+    folder): keep the largest seen, to compare with the classes, and check that the
+    key's first component (its class folder) is ``classes[cls]``.  Returns why the label itself
+    is bad, or None."""
     for name, off, size in index.sample_fields(row):
         if name == "cls":
             payload = record_payload(index, row, record, path)
-            try:
-                value = int(bytes(payload[off:off + size]))
-            except ValueError:
-                return
+            raw = bytes(payload[off:off + size])
+            if not raw.isdigit():  # ASCII digits only (bytes.isdigit)
+                return f"field 'cls' holds {raw[:40]!r}, not a class number"
+            value = int(raw)
             report.max_cls = value if report.max_cls is None else max(report.max_cls, value)
-            return
+            if value < len(classes):
+                folder = key.split("/", 1)[0]
+                if folder != classes[value]:
+                    seen = report.misfiled.setdefault((value, folder), [path, key, 0])
+                    seen[2] += 1
+            return None
+    return None
 
 
 def _check_images(index: fmt.ShardIndex, row: int, record, path: str, key: str) -> list[Problem]:

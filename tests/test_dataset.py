@@ -41,7 +41,8 @@ def ids_of(loader_or_ds):
 
 def expected_ids(ds, epoch, world=1, rank=0):
     order = P.epoch_order([s["samples"] for s in ds.reader.shards], seed=ds.seed, epoch=epoch,
-                          shuffle=ds.shuffle, block_size=ds.block_size, window=ds.shuffle_window)
+                          shuffle=ds.shuffle, block_size=ds.block_size, window=ds.shuffle_window,
+                          spans=world if ds.shard_affinity else 1, partial=ds.partial)
     return P.resume_sequences(order, [], world, ds.partial)[rank].ids.tolist()
 
 
@@ -63,6 +64,29 @@ def test_samples_are_bytes_and_picklable(packed):
     assert sample["cls"] == b"0" and sample["__repeat__"] is False
     assert all(type(v) in (str, bytes, int, bool) for v in sample.values())
     pickle.dumps(sample)
+
+
+def test_shard_affinity_ranks_read_their_own_shards(tmp_path):
+    """By default each rank's epoch comes from its own span of (shuffled) shards: 40 shards, 4
+    ranks -> at most 10 + 2 shards a rank, each sample once; shard_affinity=False spreads every
+    rank over most shards.  A state saved with one setting refuses the other."""
+    src = make_tree(tmp_path / "src", {f"{i:03d}.bin": bytes([i % 256]) * 9 for i in range(400)})
+    shardpack.pack(src, tmp_path / "out", max_samples=10, workers=1)
+    for affinity, most in ((True, 12), (False, 40)):
+        seen = []
+        for rank in range(4):
+            ds = ShardDataset(tmp_path / "out", rank=rank, world_size=4, seed=3, block_size=5,
+                              shuffle_window=50, shard_affinity=affinity)
+            ids = ids_of(ds)
+            assert ids == expected_ids(ds, 0, 4, rank)
+            shards = set(ds.reader.locate_many(ids)[0].tolist())
+            assert len(shards) <= most and (affinity or len(shards) > 15)
+            seen += ids
+        assert sorted(seen) == list(range(400))
+    state = ShardDataset(tmp_path / "out", world_size=4, rank=0).state_dict(samples_seen=3)
+    with pytest.raises(ValueError, match="shard_affinity=True"):
+        ShardDataset(tmp_path / "out", world_size=4, rank=0,
+                     shard_affinity=False).load_state_dict(state)
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])

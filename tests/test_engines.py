@@ -342,3 +342,27 @@ def test_parts_are_disjoint_and_cover_the_tree(tree, tmp_path):
     for bad in ("3/3", "x", (1, 0), "-1/2"):
         with pytest.raises(ShardpackError, match="--part"):
             shardpack.pack(tree, tmp_path / "bad", part=bad)
+
+
+def test_parallel_walk_splits_deep_trees_and_counts_the_same(tmp_path):
+    """A deep tree is split folder by folder until each worker has pieces; samples, order and
+    every count (hidden, skipped bad entries, a symlink loop deep down) are the single walk's."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    files = {f"{a}/{b}/{c}/{i}.bin": bytes([i]) for a in "xy" for b in "pq" for c in "uv"
+             for i in range(3)}
+    files.update({"top.bin": b"t", "x/p/.hidden": b"", "y/q/v/.DS_Store": b"", "x/mid.bin": b"m"})
+    root = make_tree(tmp_path / "deep", files)
+    os.symlink("../..", root / "x" / "p" / "u" / "loop")  # back to x: a loop
+    one = Source(root, skip_bad=True)
+    single = [(s.key, s.fields) for s in one]
+    with ProcessPoolExecutor(2) as pool:
+        source = Source(root, skip_bad=True)
+        source.use_engine(engine_mod.ExecutorEngine(pool, workers=2))
+        units = source.units()
+        assert sum(u[3] for u in units) >= 8 and len(units) > 8  # split below the top level
+        parallel = [(s.key, s.fields) for s in source]
+    assert parallel == single and len(single) == 26
+    for what in ("hidden", "skipped", "images", "ignored"):
+        assert getattr(source.report, what) == getattr(one.report, what), what
+    assert one.report.skipped == {"link-loop": 1} and one.report.hidden == 2

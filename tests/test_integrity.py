@@ -204,11 +204,12 @@ def test_verify_checks_the_whole_manifest(packed):
 
 # Edits verify accepts today (docs/reliability.md lists them): (field, edit kind or None for
 # every kind).  Any other accepted edit, or a traceback, fails test_manifest_edit_sweep.
-VERIFY_GAPS = (("classes", None), ("hidden", None), ("ignored", None), ("preprocessing", None),
-               ("skipped", None), ("layout", "string: another valid value"),
-               ("version", "number as equal float"), ("shards", "list: shard entries swapped"),
-               ("shards", "list: reversed"),
-               ("(file)", "text: key written twice, first copy wrong"))
+# One is left, by design: "list: element added" on `classes` appends "zz" after the last class,
+# which is what packing the same tree with one more, empty class folder writes (an empty class
+# keeps its number; unpack writes its folder back), so nothing in the dataset can tell the two
+# apart.  The other edit of that kind (["aa", "c0", "c1"]) shifts every label and is refused
+# (tests/test_verify.py::test_class_names_must_match_the_class_folders).
+VERIFY_GAPS = (("classes", "list: element added"),)
 
 
 

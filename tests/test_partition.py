@@ -11,8 +11,10 @@ PRIMES = [1, 2, 7, 13, 101, 997]
 
 
 def all_shares(sizes, world, workers, batch_size=1, partial="pad", seed=0, epoch=0,
-               history=()):
-    order = P.epoch_order(sizes, seed=seed, epoch=epoch, block_size=4, window=16)
+               history=(), affinity=False):
+    spans = (history[0][0] if history else world) if affinity else 1
+    order = P.epoch_order(sizes, seed=seed, epoch=epoch, block_size=4, window=16, spans=spans,
+                          partial=partial)
     ranks = P.resume_sequences(order, list(history), world, partial)
     return order, [[P.worker_split(r, max(workers, 1), w, batch_size)
                     for w in range(max(workers, 1))] for r in ranks]
@@ -21,9 +23,10 @@ def all_shares(sizes, world, workers, batch_size=1, partial="pad", seed=0, epoch
 @pytest.mark.parametrize("n", PRIMES)
 @pytest.mark.parametrize("world", range(1, 9))
 @pytest.mark.parametrize("workers", range(0, 5))
-def test_exact_once_and_equal_counts(n, world, workers):
+@pytest.mark.parametrize("affinity", [False, True])
+def test_exact_once_and_equal_counts(n, world, workers, affinity):
     sizes = [n] if n < 50 else [n // 3, n // 3, n - 2 * (n // 3)]  # fewer shards than workers
-    order, ranks = all_shares(sizes, world, workers, batch_size=3)
+    order, ranks = all_shares(sizes, world, workers, batch_size=3, affinity=affinity)
     assert sorted(order.tolist()) == list(range(n))
     per_rank = [sum(len(w) for w in r) for r in ranks]
     assert len(set(per_rank)) == 1 and per_rank[0] == -(-n // world)  # pad: ceil
@@ -34,8 +37,9 @@ def test_exact_once_and_equal_counts(n, world, workers):
 
 
 @pytest.mark.parametrize("n,world", [(13, 4), (997, 8), (5, 8)])
-def test_drop_policy_counts_what_it_drops(n, world):
-    _, ranks = all_shares([n], world, 2, partial="drop")
+@pytest.mark.parametrize("affinity", [False, True])
+def test_drop_policy_counts_what_it_drops(n, world, affinity):
+    _, ranks = all_shares([n], world, 2, partial="drop", affinity=affinity)
     got = np.concatenate([w.ids for r in ranks for w in r])
     assert len(got) == (n // world) * world and len(set(got.tolist())) == len(got)
     assert ranks[0][0].dropped == n - len(got)
@@ -110,6 +114,42 @@ def test_chained_elastic_resumes():
     shares = P.resume_sequences(order, history, 4)
     seen += [i for s in shares for i, rep in zip(s.ids, s.repeat) if not rep]
     assert sorted(seen) == list(range(500))
+
+
+@pytest.mark.parametrize("partial", ["pad", "drop"])
+def test_shard_affinity_each_rank_reads_its_own_span_of_shards(partial):
+    """With spans = world, rank r's samples come from about shards / world shards (its span,
+    plus the two it may share with its neighbours), not from nearly all of them; still every
+    sample once, and the shards move between ranks from one epoch to the next."""
+    sizes = [100] * 61 + [37]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    n, world = sum(sizes), 8
+    mine = {}
+    for epoch in (0, 1):
+        order = P.epoch_order(sizes, seed=5, epoch=epoch, block_size=16, window=64,
+                              spans=world, partial=partial)
+        assert sorted(order.tolist()) == list(range(n))
+        for r in range(world):
+            share = P.rank_split(order, world, r, partial)
+            fresh = share.ids[~share.repeat]
+            shards = set((np.searchsorted(starts, fresh, side="right") - 1).tolist())
+            assert len(shards) <= -(-len(sizes) // world) + 2
+            mine[epoch, r] = shards
+        spread = P.rank_split(P.epoch_order(sizes, seed=5, epoch=epoch, block_size=16,
+                                            window=64), world, 0, partial)
+        assert len(set((np.searchsorted(starts, spread.ids, side="right") - 1).tolist())) > 30
+    assert mine[0, 0] != mine[1, 0]
+
+
+@pytest.mark.parametrize("old_world,new_world", [(4, 4), (4, 3), (2, 5)])
+def test_shard_affinity_resume_across_world_sizes(old_world, new_world):
+    sizes = [50] * 9 + [13]
+    order = P.epoch_order(sizes, seed=2, epoch=3, block_size=8, window=32, spans=old_world)
+    before = P.resume_sequences(order, [], old_world)
+    consumed = set(np.concatenate([s.ids[:40] for s in before]).tolist())
+    after = P.resume_sequences(order, [(old_world, 40)], new_world)
+    fresh = np.concatenate([s.ids[~s.repeat] for s in after]).tolist()
+    assert len(fresh) == len(set(fresh)) and set(fresh) == set(range(sum(sizes))) - consumed
 
 
 def test_bad_arguments():
