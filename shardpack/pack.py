@@ -13,7 +13,8 @@ import json
 import os
 import time
 from collections import Counter
-from concurrent.futures import Executor, Future, wait
+from concurrent.futures import Executor, Future
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 
 from . import __version__
@@ -405,11 +406,13 @@ def _options_of(storage: Storage) -> dict | None:
 
 def _result(task: ShardTask, future: Future, files: _FileProgress | None = None
             ) -> ShardResult:
-    if files is not None and files.bar is not None:
-        while not wait([future], timeout=0.25).done:
-            files.poll()
+    poll = 0.25 if files is not None and files.bar is not None else None
     try:
-        return future.result()
+        while True:
+            try:
+                return future.result(timeout=poll)
+            except (TimeoutError, FuturesTimeout):  # (the same class from Python 3.11 on)
+                files.poll()
     except ShardpackError:
         raise
     except Exception as exc:  # a worker died (BrokenProcessPool) or an unexpected error

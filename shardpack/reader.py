@@ -568,6 +568,9 @@ def record_payload(index: fmt.ShardIndex, row: int, record, path: str):
     if flags & ~fmt.FLAG_ZSTD:
         raise FormatError(f"unknown record flags {flags:#x}", path=path, offset=where, key=key)
     if not flags & fmt.FLAG_ZSTD:
+        if len(body) != raw_size:  # (a flag flipped off: the header's flags have no CRC)
+            raise FormatError(f"uncompressed record of {len(body)} bytes, the index says "
+                              f"{raw_size}", path=path, offset=where, key=key)
         return body
     import zstandard
 

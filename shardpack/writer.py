@@ -61,7 +61,11 @@ def read_field(f: SourceField) -> bytes:
     try:
         fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise SourceError("file vanished during the pack", path=f.path) from None
+        import socket
+
+        raise SourceError(f"file vanished during the pack (or host {socket.gethostname()} "
+                          "does not see it: on a cluster, SRC must be where every worker "
+                          "reads it)", path=f.path) from None
     except OSError as exc:
         raise SourceError(f"cannot read: {exc.strerror}", path=f.path) from None
     try:

@@ -366,3 +366,22 @@ def test_parallel_walk_splits_deep_trees_and_counts_the_same(tmp_path):
     for what in ("hidden", "skipped", "images", "ignored"):
         assert getattr(source.report, what) == getattr(one.report, what), what
     assert one.report.skipped == {"link-loop": 1} and one.report.hidden == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["dask", "ray"])
+def test_a_task_error_is_the_one_line_error(engine, tmp_path, request):
+    """A broken image stops the pack on a cluster as it does locally: the SourceError itself,
+    one line naming the file (not the engine's wrapped traceback), nothing published."""
+    from shardpack.errors import BrokenImageError
+
+    request.getfixturevalue("dask_cluster" if engine == "dask" else "ray_local")
+    address = (request.getfixturevalue("dask_cluster")[0].scheduler_address
+               if engine == "dask" else None)
+    src = _tree(tmp_path / "src", classes=2, per_class=4)
+    (src / "class1" / "img_002.jpg").write_bytes(_jpeg(5)[:300])  # truncated
+    with pytest.raises(BrokenImageError) as info:
+        shardpack.pack(src, tmp_path / "out", engine=engine, address=address, **OPTS)
+    text = str(info.value)
+    assert "\n" not in text and "img_002.jpg" in text and "Traceback" not in text
+    assert not (tmp_path / "out" / fmt.MANIFEST_NAME).exists()
