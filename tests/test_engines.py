@@ -385,3 +385,16 @@ def test_a_task_error_is_the_one_line_error(engine, tmp_path, request):
     text = str(info.value)
     assert "\n" not in text and "img_002.jpg" in text and "Traceback" not in text
     assert not (tmp_path / "out" / fmt.MANIFEST_NAME).exists()
+
+
+def test_cli_part_and_engine_options(tree, tmp_path):
+    from .conftest import run_cli
+
+    out = run_cli("pack", tree, tmp_path / "p1", "--part", "1/2", "-q", "--workers", "1").output
+    manifest = fmt.decode_manifest((tmp_path / "p1" / fmt.MANIFEST_NAME).read_bytes())
+    assert manifest["part"] == {"index": 1, "count": 2} and "packed" in out
+    bad = run_cli("pack", tree, tmp_path / "p2", "--part", "2/2", ok=False)
+    assert "--part 2/2: I must be at least 0 and less than N" in bad.output
+    help_text = run_cli("pack", "--help").output
+    for words in ("--engine [local|dask|ray]", "--address ADDR", "--part I/N"):
+        assert words in help_text
