@@ -200,9 +200,12 @@ class ShardDataset(IterableDataset):
         for key in ("num_samples", "seed", "shuffle", "partial", "block_size", "shuffle_window",
                     "shard_affinity"):
             mine = len(self.reader) if key == "num_samples" else getattr(self, key)
-            if state.get(key, False) != mine:  # (states from before shard_affinity: False)
-                raise ValueError(f"state was saved with {key}={state[key]!r}, this dataset has "
-                                 f"{mine!r}: resume needs the same dataset and order settings")
+            saved = state.get(key, False)  # (states from before shard_affinity: False)
+            if saved != mine:
+                raise ValueError(f"state was saved with {key}={saved!r}, this dataset has "
+                                 f"{mine!r}: resume needs the same dataset and order settings"
+                                 + (f" (pass shard_affinity={saved!r})"
+                                    if key == "shard_affinity" else ""))
         self._resume = {"epoch": state["epoch"], "history": [list(h) for h in state["history"]],
                         "worker": state.get("worker")}
         self._epoch.value = state["epoch"]

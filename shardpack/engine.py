@@ -26,21 +26,49 @@ import os
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from multiprocessing import get_context
 
-from .errors import ShardpackError
+from .errors import PackError, ShardpackError
 
 ENGINES = ("local", "dask", "ray")
 
 
 class Engine:
-    """Runs tasks; ``with`` closes what it started (never a cluster it only connected to)."""
+    """Runs tasks; ``with`` closes what it started (never a cluster it only connected to).
+
+    NOTE [tasks after a failure]: a pack that fails must not leave tasks writing into OUT once
+    it has released OUT's lock (a rerun with --overwrite would race them).  Every task
+    submitted is remembered until it is done, and :meth:`stop` cancels those not started and
+    waits for the rest, before the packer cleans up and lets go of OUT."""
 
     name = "engine"
     workers = 1          # tasks that can run at once
     inline = False       # run tasks in this process, one after another
     shared_counter = None  # a counter in shared memory the workers add files to (local pool)
 
-    def submit(self, fn, *args) -> Future:
+    def submit(self, fn, *args):
+        """A future-like (``result(timeout)``, ``cancel()``) for ``fn(*args)`` run by the
+        engine."""
+        outstanding = self.__dict__.setdefault("_outstanding", [])
+        if len(outstanding) > 4 * self.workers:
+            outstanding[:] = [f for f in outstanding if not _settled(f)]
+        future = self._submit(fn, *args)
+        outstanding.append(future)
+        return future
+
+    def _submit(self, fn, *args):
         raise NotImplementedError
+
+    def stop(self) -> None:
+        """Cancel the tasks not started, wait for the running ones (their errors are not the
+        news: the failure that stopped the pack is)."""
+        outstanding = self.__dict__.get("_outstanding", [])
+        for future in outstanding:
+            future.cancel()
+        for future in outstanding:
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - cancelled, or failed like the first
+                pass
+        outstanding.clear()
 
     def map_ordered(self, fn, items, limit: int | None = None):
         """``fn(item)`` for every item, results yielded in item order, at most ``limit`` (twice
@@ -85,11 +113,11 @@ class LocalEngine(Engine):
                                         initializer=initializer,
                                         initargs=(self.shared_counter,))
 
-    def submit(self, fn, *args) -> Future:
+    def _submit(self, fn, *args) -> Future:
         return self.pool.submit(fn, *args)
 
-    def close(self, cancel: bool = False) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=cancel)
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 class ExecutorEngine(Engine):
@@ -101,7 +129,7 @@ class ExecutorEngine(Engine):
         self.executor = executor
         self.workers = workers or getattr(executor, "_max_workers", None) or os.cpu_count() or 1
 
-    def submit(self, fn, *args) -> Future:
+    def _submit(self, fn, *args) -> Future:
         return self.executor.submit(fn, *args)
 
 
@@ -110,25 +138,30 @@ class DaskEngine(Engine):
 
     def __init__(self, address: str | None = None, workers: int | None = None):
         distributed = _need("distributed", "dask")
-        self.cluster = None
-        if address:
-            self.client = distributed.Client(address, set_as_default=False)
-        else:
-            self.cluster = distributed.LocalCluster(
-                n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                dashboard_address=None, host="127.0.0.1")
-            self.client = distributed.Client(self.cluster, set_as_default=False)
-        self.client.wait_for_workers(1, timeout=120)
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        self.cluster = self.client = None
+        try:
+            if address:
+                self.client = distributed.Client(address, set_as_default=False, timeout=30)
+            else:
+                self.cluster = distributed.LocalCluster(
+                    n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
+                    processes=True, dashboard_address=None, host="127.0.0.1")
+                self.client = distributed.Client(self.cluster, set_as_default=False)
+            self.client.wait_for_workers(1, timeout=120)
+            info = self.client.scheduler_info(n_workers=-1)["workers"]
+        except BaseException:
+            self.close()  # a half-started cluster is not left running
+            raise
         self.workers = max(1, sum(w.get("nthreads", 1) for w in info.values()))
 
-    def submit(self, fn, *args) -> Future:
+    def _submit(self, fn, *args) -> Future:
         # pure=False: two tasks with equal arguments are still two tasks (and no result is
         # reused from an earlier pack that ran on a long-lived cluster)
         return _to_future(self.client.submit(fn, *args, pure=False))
 
     def close(self) -> None:
-        self.client.close()
+        if self.client is not None:
+            self.client.close()
         if self.cluster is not None:
             self.cluster.close()
 
@@ -146,11 +179,15 @@ class RayEngine(Engine):
             if not address:  # a local Ray for this pack: its CPUs are the workers
                 kwargs.update(num_cpus=workers or os.cpu_count() or 1)
             ray.init(**kwargs)
-        self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        try:
+            self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        except BaseException:
+            self.close()
+            raise
         # one remote function for every task (ray.remote takes functions, not partials)
         self._task = ray.remote(max_retries=3, num_cpus=1)(_call)
 
-    def submit(self, fn, *args) -> "_RayFuture":
+    def _submit(self, fn, *args) -> "_RayFuture":
         # not ObjectRef.future(): its callbacks made a 20k-file pack take 2x as long here
         return _RayFuture(self.ray, self._task.remote(fn, *args))
 
@@ -159,21 +196,32 @@ class RayEngine(Engine):
             self.ray.shutdown()
 
 
+def check_engine(engine: str, address: str | None) -> None:
+    """Refuse a bad engine choice before anything is started or written."""
+    if engine not in ENGINES:
+        raise ShardpackError(f"unknown engine {engine!r}: expected one of {ENGINES}")
+    if address and engine == "local":
+        raise ShardpackError("--address is for the dask and ray engines",
+                             hint="pass --engine dask or --engine ray")
+
+
 def make_engine(engine: str = "local", *, address: str | None = None,
                 workers: int | None = None, executor: Executor | None = None,
                 initializer=None) -> Engine:
     """The engine for ``pack``/``convert``: ``executor`` wins; else ``engine`` by name."""
     if executor is not None:
         return ExecutorEngine(executor)
-    if engine not in ENGINES:
-        raise ShardpackError(f"unknown engine {engine!r}: expected one of {ENGINES}")
-    if engine == "dask":
-        return DaskEngine(address, workers)
-    if engine == "ray":
-        return RayEngine(address, workers)
-    if address:
-        raise ShardpackError("--address is for the dask and ray engines",
-                             hint="pass --engine dask or --engine ray")
+    check_engine(engine, address)
+    if engine in ("dask", "ray"):
+        try:
+            return (DaskEngine if engine == "dask" else RayEngine)(address, workers)
+        except ShardpackError:
+            raise
+        except Exception as exc:  # no scheduler there, a cluster that would not start, ...
+            where = f" at {address}" if address else ""
+            raise PackError(f"cannot start or reach the {engine} engine{where}: "
+                            f"{type(exc).__name__}: {exc}".splitlines()[0],
+                            hint="check --address and that the cluster is up") from None
     count = workers or os.cpu_count() or 1
     return LocalEngine(count, initializer) if count > 1 else InlineEngine()
 
@@ -188,6 +236,11 @@ def _need(module: str, extra: str):
                              hint=f"pip install 'shardpack[{extra}]'") from None
 
 
+def _settled(future) -> bool:
+    done = getattr(future, "done", None)
+    return bool(done()) if done is not None else False
+
+
 def _call(fn, *args):
     return fn(*args)
 
@@ -198,6 +251,14 @@ class _RayFuture:
 
     def __init__(self, ray, ref):
         self.ray, self.ref = ray, ref
+
+    def cancel(self) -> bool:
+        """Cancel the task if it has not started (a running one finishes: it may be writing)."""
+        self.ray.cancel(self.ref, force=False)
+        return True
+
+    def done(self) -> bool:
+        return bool(self.ray.wait([self.ref], timeout=0)[0])
 
     def result(self, timeout: float | None = None):
         exceptions = self.ray.exceptions
@@ -224,4 +285,7 @@ def _to_future(dask_future) -> Future:
 
     dask_future.add_done_callback(done)
     out.dask_future = dask_future  # keeps it referenced: a dropped future is cancelled
+    # Engine.stop() waits for it: cancelling this Future would not stop the dask task, which
+    # might still write a shard after the pack gave up OUT
+    out.cancel = lambda: False
     return out

@@ -160,8 +160,8 @@ def _open(url: str, storage_options: dict | None) -> _Part:
     """A finished dataset: its manifest must be there and decode (DatasetReader says which part
     it is not)."""
     reader = DatasetReader(url, storage_options)
-    if not reader.shards:
-        raise ShardpackError("part holds no shards", path=url)
+    if not reader.shards and not reader.manifest.get("part"):  # (a part of a split may be
+        raise ShardpackError("part holds no shards", path=url)  # empty: it adds nothing)
     return _Part(url, reader.storage, reader.manifest)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from . import __version__
 from . import format as fmt
-from .engine import Engine, LocalEngine, make_engine
+from .engine import Engine, check_engine, make_engine
 from .errors import PackError, ShardpackError
 from .outdir import LOCK_NAME, STATE_NAME, OutLock, clear_out, is_ours
 from .plan import PackOptions, PartOf, ShardTask, check_part, parse_size, plan
@@ -127,13 +127,19 @@ def make_options(*, format: str, shard_size, max_samples: int | None, compressio
 
 
 def _inside(out, src, storage_options) -> str | None:
-    """The real path of OUT when it lies inside the folder SRC (left out of the walk), else
-    None.  Decision (docs/packing.md): OUT inside SRC is allowed and never packed."""
-    storage = Storage(out, storage_options)
-    if not storage.local or not os.path.isdir(os.fspath(src)):
+    """Where OUT lies inside the folder SRC (left out of the walk), else None: its real path
+    (local), or its path on the store (SRC and OUT on one object store).  Decision
+    (docs/packing.md): OUT inside SRC is allowed and never packed."""
+    storage, source = Storage(out, storage_options), Storage(src, storage_options)
+    if storage.local and source.local:
+        if not os.path.isdir(source.root):
+            return None
+        root, real = os.path.realpath(source.root), os.path.realpath(storage.root)
+    elif not storage.local and not source.local and storage.protocol == source.protocol:
+        root, real = source.root.rstrip("/"), storage.root.rstrip("/")
+        return real if real.startswith(root + "/") else None
+    else:
         return None
-    root = os.path.realpath(os.fspath(src))
-    real = os.path.realpath(storage.root)
     return real if real != root and within(real, root) else None
 
 
@@ -150,6 +156,8 @@ def pack_source(source, out, options: PackOptions, *, origin: dict, workers: int
     a conversion read and is recorded in the manifest with the report's notes."""
     if resume and overwrite:
         raise ShardpackError("--resume and --overwrite exclude each other")
+    if executor is None:
+        check_engine(engine, address)  # before OUT is touched or a cluster started
     if part is not None:
         part = check_part(part)
         origin = {**origin, "part": list(part)}
@@ -181,41 +189,44 @@ def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, s
     bar = _progress(progress)
     files = _FileProgress(bar)
     planned = {"files": 0, "bytes": 0}
-    ready = time.perf_counter()
-    with engine_of(engine, address, workers, executor) as runner:
+    runner = None
+    try:
+        ready = time.perf_counter()
+        runner = engine_of(engine, address, workers, executor)
         summary.engine, summary.engine_start = runner.name, time.perf_counter() - ready
         if hasattr(source, "use_engine"):
             source.use_engine(runner)  # the walk runs on the engine too
         files.shared = runner.shared_counter
         if runner.inline and bar is not None:
             writer.on_files = files.add  # inline: the writer moves the bar itself
-        try:
-            by_image = getattr(source.report, "group", None) == "image"
-            tasks = _count(plan(source, options, census=not by_image), planned, bar)
-            for result, reused in _run(tasks, runner, storage, resume,
-                                       source_options=source_options, files=files):
-                results[result.number] = result
-                summary.reused_shards += reused
-                files.task_done(result, bool(reused))
-                if bar is not None:
-                    bar.set_postfix_str(
-                        f"{plural(len(results), 'shard')}, "
-                        f"{plural(sum(r.samples for r in results.values()), 'sample')}")
-            if not results:
-                raise ShardpackError("no samples found in the source", path=source.src,
-                                     hint="check SRC, or the skip counts of --skip-bad")
-            _finish(storage, source, results, options, summary, origin.get("from"))
-        except BaseException as exc:
-            if isinstance(runner, LocalEngine):
-                runner.close(cancel=True)
-            storage.remove_temp_files()
-            if isinstance(exc, ShardpackError):
-                _mark_failed(storage, state, exc)
-            raise
-        finally:
-            writer.on_files = None
+        by_image = getattr(source.report, "group", None) == "image"
+        tasks = _count(plan(source, options, census=not by_image), planned, bar)
+        for result, reused in _run(tasks, runner, storage, resume,
+                                   source_options=source_options, files=files):
+            results[result.number] = result
+            summary.reused_shards += reused
+            files.task_done(result, bool(reused))
             if bar is not None:
-                bar.close()
+                bar.set_postfix_str(
+                    f"{plural(len(results), 'shard')}, "
+                    f"{plural(sum(r.samples for r in results.values()), 'sample')}")
+        if not results and not isinstance(source, PartOf):  # (a part may be empty)
+            raise ShardpackError("no samples found in the source", path=source.src,
+                                 hint="check SRC, or the skip counts of --skip-bad")
+        _finish(storage, source, results, options, summary, origin.get("from"))
+    except BaseException as exc:
+        if runner is not None:
+            runner.stop()  # nothing may still write into OUT once its lock is released
+        storage.remove_temp_files()
+        if isinstance(exc, ShardpackError):
+            _mark_failed(storage, state, exc)
+        raise
+    finally:
+        writer.on_files = None
+        if runner is not None:
+            runner.close()
+        if bar is not None:
+            bar.close()
     summary.files = planned["files"]
     summary.seconds = time.perf_counter() - started
     return summary
@@ -425,7 +436,10 @@ def _result(task: ShardTask, future: Future, files: _FileProgress | None = None
 def _finish(storage: Storage, source, results: dict, options: PackOptions,
             summary: PackSummary, converted_from: str | None = None) -> None:
     ordered = [results[i] for i in sorted(results)]
-    skipped = Counter(source.report.skipped)
+    # every part of a --part split walks the whole tree: what the walk counted (bad entries,
+    # hidden, ignored files) is recorded by part 0 only, so a merge of the parts counts it once
+    walk = not isinstance(source, PartOf) or source.index == 0
+    skipped = Counter(source.report.skipped if walk else {})
     for r in ordered:
         skipped.update(r.skipped)
         summary.first_skips.extend(r.first_skips)
@@ -444,10 +458,10 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
         "classes": source.report.classes,
         "layout": source.report.layout,
         "skipped": dict(sorted(skipped.items())),
-        "hidden": source.report.hidden,
+        "hidden": source.report.hidden if walk else 0,
         "group": (source.report.group if source.report.layout in ("imagefolder", "files")
                   else None),
-        "ignored": getattr(source.report, "ignored", 0),
+        "ignored": getattr(source.report, "ignored", 0) if walk else 0,
         "preprocessing": {"resize": options.resize, "quality": options.quality}
         if options.resize else None,
         "shards": [r.manifest_entry() for r in ordered],

@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
-from .errors import SourceError
+from .errors import PackError, ShardpackError, SourceError
 from .format import check_field_name, split_name, unsafe_name_reason
 from .images import IMAGE_EXTENSIONS
 
@@ -128,7 +128,9 @@ class Source:
 
         self.storage = Storage(src, storage_options)
         self.local = self.storage.local
-        self.src = os.path.abspath(os.fspath(src)) if self.local else self.storage.url
+        # local: the absolute path (file:// URLs too); URLs: no trailing slash, or every path
+        # built from it would hold "//" (a different key on object stores)
+        self.src = self.storage.root if self.local else self.storage.url.rstrip("/")
         self.skip_bad = skip_bad
         self.report = SourceReport()
         self._exclude = exclude
@@ -145,8 +147,8 @@ class Source:
             if not self.src.endswith(LISTING_SUFFIXES):
                 raise SourceError("a source file must be a .csv or .jsonl listing", path=self.src)
             if not self.local:
-                raise SourceError("a listing file must be local (the files it lists may be "
-                                  "anywhere the storage layer reaches)", path=self.src)
+                raise SourceError("a listing file, and the files it lists, must be local",
+                                  path=self.src, hint="list a folder URL instead")
             self.report.layout = "listing"
         elif kind != "dir":
             raise SourceError("source is neither a folder nor a listing file", path=self.src)
@@ -193,7 +195,16 @@ class Source:
 
         state = self.state()
         ahead = min(2 * self._runner.workers, WALK_AHEAD)
-        for samples, report in self._runner.map_ordered(partial(walk_unit, state), units, ahead):
+        results = self._runner.map_ordered(partial(walk_unit, state), units, ahead)
+        for unit in units:
+            try:
+                samples, report = next(results)
+            except ShardpackError:
+                raise
+            except Exception as exc:  # a worker died, a cluster went away, ...
+                raise PackError(f"listing this folder on the engine failed: "
+                                f"{type(exc).__name__}: {exc}".splitlines()[0],
+                                path=unit[0]) from None
             self.report.add(report)
             yield from samples
 
@@ -210,25 +221,50 @@ class Source:
             units = [(self.src, "", None, True)]
         if self._runner is None:
             return units
-        target = self.SPLIT_TARGET * self._runner.workers
+        target, budget = self.SPLIT_TARGET * self._runner.workers, self.SPLIT_BUDGET
         for _ in range(self.SPLIT_DEPTH):
-            if sum(u[3] for u in units) >= target:
+            if sum(u[3] for u in units) >= target or budget <= 0:
                 break
-            split = []
+            split, found = [], False
             for folder, rel, cls, recurse in units:
-                if not recurse:
-                    split.append((folder, rel, cls, False))
+                subfolders = self._subfolders(folder) if recurse and budget > 0 else None
+                if subfolders is None:  # a leaf of the split: walked whole by one task
+                    split.append((folder, rel, cls, recurse))
                     continue
-                listed = self._list(folder, self._ancestors(folder, rel), count=False)
-                dirs = listed[1] if listed is not None else []
-                split.append((folder, rel, cls, listed is None))
+                budget -= subfolders[1]
+                found = found or bool(subfolders[0])
+                split.append((folder, rel, cls, False))  # its own files
                 prefix = f"{rel}/" if rel else ""
-                split += [(path, prefix + name, cls, True) for name, path in dirs]
+                split += [(path, prefix + name, cls, True) for name, path in subfolders[0]]
             units = split
+            if not found:  # only files at this level: deeper splits would find nothing
+                break
         return units
+
+    def _subfolders(self, folder: str) -> tuple[list[tuple[str, str]], int] | None:
+        """(subfolders, entries listed) of a folder the split may cut, or None when it must
+        stay whole: it cannot be listed, or holds links or names the walk must judge itself
+        (a link to a folder, a name that is not UTF-8) so that its one walk sees them."""
+        try:
+            if not self.local:
+                entries = self._ls(folder)
+                return [(n, p) for n, p, info in entries if info.get("type") == "directory"
+                        and not n.startswith(".") and not self._excluded(p)], len(entries)
+            dirs = []
+            entries = _scandir_sorted(folder)
+            for e in entries:
+                if e.is_symlink() or not e.name.isascii() and not _utf8(e.name):
+                    return None
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".") \
+                        and not self._excluded(e.path):
+                    dirs.append((e.name, f"{folder}/{e.name}"))
+            return dirs, len(entries)
+        except OSError:
+            return None
 
     SPLIT_TARGET = 4  # pieces a worker, at least, when the tree is deep enough
     SPLIT_DEPTH = 3   # folder levels split on the driver (one listing per folder split)
+    SPLIT_BUDGET = 100_000  # entries the driver may list to split (the tasks list the rest)
 
     def walk_unit(self, unit: tuple) -> Iterator[SourceSample]:
         folder, rel, cls, recurse = unit
@@ -292,12 +328,13 @@ class Source:
     def _top(self) -> list[tuple[str, str, bool]]:
         return self._entries(self.src)
 
-    def _entries(self, folder: str) -> list[tuple[str, str, bool]]:
+    def _entries(self, folder: str, follow: bool = True) -> list[tuple[str, str, bool]]:
         """(name, path, is a folder) of a folder's entries, sorted; [] if it cannot be listed
-        (the walk reports that)."""
+        (the walk reports that).  ``follow=False``: a link to a folder is not a folder."""
         try:
             if self.local:
-                return [(e.name, e.path, e.is_dir()) for e in _scandir_sorted(folder)]
+                return [(e.name, e.path, e.is_dir(follow_symlinks=follow))
+                        for e in _scandir_sorted(folder)]
             return [(name, path, info["type"] == "directory")
                     for name, path, info in self._ls(folder)]
         except OSError:
@@ -312,8 +349,11 @@ class Source:
         where = f"{root}/{sub}" if sub else root
         out = []
         for info in fs.ls(where, detail=True):
-            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
-            if name and f"{where}/{name}" != where:
+            full = info["name"].rstrip("/")
+            if full == where.rstrip("/"):  # the folder's own marker object ("tree/")
+                continue
+            name = full.rsplit("/", 1)[-1]
+            if name:
                 out.append((name, f"{folder}/{name}", info))
         return sorted(out, key=lambda t: t[0])
 
@@ -428,7 +468,10 @@ class Source:
             if not self._usable_name(name, path):
                 continue
             if info.get("type") == "directory":
-                out.append((name, path, None, 0))
+                if self._excluded(path):  # OUT inside SRC, on the same store
+                    self.report.excluded = path
+                else:
+                    out.append((name, path, None, 0))
             else:
                 out.append((name, path, int(info.get("size") or 0), _mtime_ns(info)))
         return out
@@ -510,7 +553,7 @@ class Source:
         decide it; a few listings are read, not the tree."""
         looked, stack = 0, [self.src]
         while stack:
-            entries = self._entries(stack.pop())
+            entries = self._entries(stack.pop(), follow=False)  # (links: no loops)
             names = [n for n, _, is_dir in entries if not is_dir and not n.startswith(".")]
             if any(n.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for n in names):
                 return True
@@ -522,8 +565,12 @@ class Source:
         return False
 
     def _excluded(self, path: str) -> bool:
-        return self._exclude is not None and self.local and \
-            within(os.path.realpath(path), self._exclude)
+        if self._exclude is None:
+            return False
+        if self.local:
+            return within(os.path.realpath(path), self._exclude)
+        on_store = self.storage.root.rstrip("/") + path[len(self.src):]  # URL -> store path
+        return on_store == self._exclude or on_store.startswith(self._exclude + "/")
 
     def _sample(self, key: str, group: list, extra: SourceField | None) -> SourceSample | None:
         if extra is None:
@@ -596,6 +643,14 @@ def _mtime_ns(info: dict) -> int:
         return int(value.timestamp() * 1e9)
     except (AttributeError, OverflowError, ValueError):
         return 0
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def within(real: str, root: str) -> bool:

@@ -245,10 +245,11 @@ class RemoteFiles:
         self.storages: dict[str, Storage] = {}
 
     def read(self, f: SourceField) -> bytes:
-        data = self.got.pop(f.path, None)
-        if data is None:
+        if f.path not in self.got:
             self._fetch(f)
-            data = self.got.pop(f.path)
+        data = self.got.pop(f.path)
+        if isinstance(data, SourceError):  # this file's own error, raised when it is read
+            raise data
         return data
 
     def _fetch(self, f: SourceField) -> None:
@@ -260,8 +261,9 @@ class RemoteFiles:
                 break
             batch.append(g)
             total += g.size
-        batch = batch or [f]
         self.next += len(batch)
+        if not batch or batch[0].path != f.path:
+            batch.insert(0, f)
         self.got.clear()
         by_parent: dict[str, list[SourceField]] = {}
         for g in batch:
@@ -273,23 +275,24 @@ class RemoteFiles:
             names = [g.path.rpartition("/")[2] for g in files]
             try:
                 datas = storage.read_ranges([(n, 0, g.size) for n, g in zip(names, files)])
-            except (ShardpackError, OSError) as exc:  # one short file spoils the batch: by one
-                datas = [self._one(storage, n, g, exc) for n, g in zip(names, files)]
+            except (ShardpackError, OSError):  # one short or missing file spoils the batch:
+                datas = [self._one(storage, n, g) for n, g in zip(names, files)]  # one by one
             for g, data in zip(files, datas):
-                if len(data) < g.size:
-                    raise SourceError(f"file changed during the pack (size {g.size} -> "
-                                      f"{len(data)})", path=g.path,
-                                      hint="pack again once the source is stable")
-                self.got[g.path] = data[:g.size]
+                if not isinstance(data, SourceError) and len(data) < g.size:
+                    data = SourceError(f"file changed during the pack (size {g.size} -> "
+                                       f"{len(data)})", path=g.path,
+                                       hint="pack again once the source is stable")
+                self.got[g.path] = data if isinstance(data, SourceError) else data[:g.size]
 
     @staticmethod
-    def _one(storage: Storage, name: str, f: SourceField, first: BaseException) -> bytes:
+    def _one(storage: Storage, name: str, f: SourceField) -> bytes | SourceError:
+        """One file's bytes, or the error that reading it gave (kept for when it is read)."""
         try:
             return storage.read_bytes(name) if f.size else b""
         except DatasetNotFoundError:
-            raise SourceError("file vanished during the pack", path=f.path) from None
+            return SourceError("file vanished during the pack", path=f.path)
         except (ShardpackError, OSError) as exc:
-            raise SourceError(f"cannot read: {exc}", path=f.path) from None
+            return SourceError(f"cannot read: {exc}", path=f.path)
 
 
 def is_url(path: str) -> bool:

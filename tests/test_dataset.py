@@ -87,6 +87,12 @@ def test_shard_affinity_ranks_read_their_own_shards(tmp_path):
     with pytest.raises(ValueError, match="shard_affinity=True"):
         ShardDataset(tmp_path / "out", world_size=4, rank=0,
                      shard_affinity=False).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "shard_affinity"}  # saved before it existed
+    with pytest.raises(ValueError, match=r"saved with shard_affinity=False.*pass "
+                                         r"shard_affinity=False"):
+        ShardDataset(tmp_path / "out", world_size=4, rank=0).load_state_dict(older)
+    ShardDataset(tmp_path / "out", world_size=4, rank=0,
+                 shard_affinity=False).load_state_dict(older)
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])

@@ -398,3 +398,138 @@ def test_cli_part_and_engine_options(tree, tmp_path):
     help_text = run_cli("pack", "--help").output
     for words in ("--engine [local|dask|ray]", "--address ADDR", "--part I/N"):
         assert words in help_text
+
+
+# -- what the review found ------------------------------------------------------------------------
+def _memory_tree(name: str, files: dict[str, bytes], markers: bool = False) -> str:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for path, data in files.items():
+        fs.pipe_file(f"/{name}/{path}", data)
+    return f"memory://{name}"
+
+
+def test_remote_src_with_a_slash_markers_and_out_inside(tmp_path, monkeypatch):
+    """SRC URL with a trailing slash; folder-marker objects ("tree/") in listings; OUT inside a
+    remote SRC is left out of the walk, as it is locally (the shards written during the walk
+    would otherwise be packed too)."""
+    import fsspec
+
+    url = _memory_tree("rv-src", {f"{c}/{i}.bin": bytes([i]) * 3000 for c in "abcdefgh"
+                                  for i in range(3)})
+    fs = fsspec.filesystem("memory")
+    real_ls = type(fs).ls
+
+    def ls_with_markers(self, path, detail=True, **kw):  # as the AWS console leaves them
+        out = real_ls(self, path, detail=detail, **kw)
+        marker = {"name": path.rstrip("/") + "/", "size": 0, "type": "file"}
+        return [marker, *out] if detail else [marker["name"], *out]
+
+    monkeypatch.setattr(type(fs), "ls", ls_with_markers)
+    summary = shardpack.pack(url + "/", url + "/out", workers=1, shard_size="4KB",
+                             layout="files")
+    assert summary.samples == 24 and summary.fields == ["bin"]
+    got = sorted(s["__key__"] for s in shardpack.ShardDataset(url + "/out"))
+    assert got == sorted(f"{c}/{i}" for c in "abcdefgh" for i in range(3))
+
+
+def test_one_changed_remote_file_costs_only_its_own_sample(tmp_path, monkeypatch):
+    import fsspec
+
+    from shardpack import writer
+
+    url = _memory_tree("rv-changed", {f"{i:02d}.bin": bytes(10) for i in range(6)})
+    real = writer.RemoteFiles.__init__
+
+    def shrink_then_init(self, *args):  # after the walk, before the shard reads its files
+        fsspec.filesystem("memory").pipe_file("/rv-changed/04.bin", b"abc")
+        real(self, *args)
+
+    monkeypatch.setattr(writer.RemoteFiles, "__init__", shrink_then_init)
+    summary = shardpack.pack(url, tmp_path / "out", workers=1, skip_bad=True)
+    assert summary.samples == 5 and summary.skipped == {"read-failed": 1}
+    assert "04.bin" in summary.first_skips[0] and "size 10 -> 3" in summary.first_skips[0]
+
+
+def test_walk_counts_are_counted_once_in_a_merge_of_parts(tmp_path):
+    files = {f"{i:02d}.bin": b"x" for i in range(30)}
+    files.update({".hidden": b"", "bad name.": b""})
+    src = make_tree(tmp_path / "src", files)
+    parts = [tmp_path / f"p{i}" for i in range(3)]
+    for i, out in enumerate(parts):
+        shardpack.pack(src, out, part=(i, 3), workers=1, skip_bad=True)
+    merged = shardpack.merge(parts, tmp_path / "m")
+    whole = shardpack.pack(src, tmp_path / "w", workers=1, skip_bad=True)
+    m = fmt.decode_manifest((tmp_path / "m" / fmt.MANIFEST_NAME).read_bytes())
+    w = fmt.decode_manifest((tmp_path / "w" / fmt.MANIFEST_NAME).read_bytes())
+    assert merged.samples == whole.samples == 30
+    assert (m["skipped"], m["hidden"]) == (w["skipped"], w["hidden"]) == ({"bad-name": 1}, 1)
+
+
+def test_an_empty_part_is_published_and_merged(tmp_path):
+    src = make_tree(tmp_path / "src", {f"{k}.bin": k.encode() for k in "abc"})
+    counts = [part_of(k, 4) for k in "abc"]
+    empty = next(i for i in range(4) if i not in counts)
+    parts = [tmp_path / f"p{i}" for i in range(4)]
+    for i, out in enumerate(parts):
+        assert shardpack.pack(src, out, part=(i, 4), workers=1).samples == counts.count(i)
+    assert len(shardpack.ShardDataset(parts[empty])) == 0
+    shardpack.merge(parts, tmp_path / "m")
+    assert sorted(s["__key__"] for s in shardpack.ShardDataset(tmp_path / "m")) == list("abc")
+
+
+def test_no_task_of_a_failed_pack_writes_after_it(tmp_path):
+    """With an executor whose tasks are still running when one fails, pack waits for them
+    before it lets go of OUT: nothing appears in OUT after pack raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardpack import writer
+
+    src = make_tree(tmp_path / "src", {f"{i:03d}.bin": bytes(200) for i in range(40)})
+    real = writer.write_shard
+
+    def slow(task, *args):
+        if task.number == 0:
+            raise ShardpackError("x: bad input")
+        time.sleep(0.3)
+        return real(task, *args)
+
+    pack_mod = sys.modules["shardpack.pack"]
+    original = pack_mod.write_shard
+    pack_mod.write_shard = slow
+    try:
+        with ThreadPoolExecutor(4) as pool, pytest.raises(ShardpackError, match="bad input"):
+            shardpack.pack(src, tmp_path / "out", executor=pool, max_samples=4)
+        after = sorted(p.name for p in (tmp_path / "out").iterdir())
+        time.sleep(1.0)
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == after
+        assert not [n for n in after if ".tmp-" in n]
+    finally:
+        pack_mod.write_shard = original
+
+
+def test_a_dead_walk_task_is_one_line_and_marks_the_run_failed(tree, tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+
+    def die(*_):
+        os._exit(3)
+
+    from shardpack import samples as samples_mod
+
+    with ProcessPoolExecutor(2) as pool:
+        real = samples_mod.walk_unit
+        samples_mod.walk_unit = die
+        try:
+            with pytest.raises(ShardpackError, match="listing this folder on the engine failed"):
+                shardpack.pack(tree, tmp_path / "out", executor=pool, **OPTS)
+        finally:
+            samples_mod.walk_unit = real
+    # the same command (once the cause is gone) starts afresh: the run was marked failed
+    assert shardpack.pack(tree, tmp_path / "out", workers=1, **OPTS).samples == 90
+
+
+def test_bad_engine_choices_leave_out_untouched(tree, tmp_path):
+    with pytest.raises(ShardpackError, match="--address is for the dask and ray engines"):
+        shardpack.pack(tree, tmp_path / "out", address="tcp://127.0.0.1:1")
+    assert not (tmp_path / "out").exists()
