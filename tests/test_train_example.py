@@ -39,6 +39,43 @@ def _steps(out: Path) -> int:
     return json.loads(lines[-1])["step"] if lines else 0
 
 
+def _kill_tree(proc) -> None:
+    """SIGKILL torchrun and every process under it, then wait until they are gone.  Not just
+    its process group: torchrun may start the ranks in sessions of their own, and ranks that
+    outlive the kill keep training and writing checkpoints next to the resumed job."""
+    def children() -> dict[int, list[int]]:
+        kids: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                kids.setdefault(ppid, []).append(int(entry))
+        return kids
+
+    kids, tree, todo = children(), [], [proc.pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += kids.get(pid, [])
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    def alive(pid: int) -> bool:  # (a zombie waits for its parent: it runs no more)
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.time() + 30
+    while time.time() < deadline and any(alive(pid) for pid in tree[1:]):
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_train_example_kill_and_resume(tmp_path):
@@ -58,7 +95,7 @@ def test_train_example_kill_and_resume(tmp_path):
     while time.time() < deadline and _steps(out) < 8 and proc.poll() is None:
         time.sleep(0.1)
     assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole job: torchrun and both ranks
+    _kill_tree(proc)  # the whole job: torchrun and both ranks
     proc.wait()
     killed_at = _steps(out)
     assert 8 <= killed_at < 26  # mid first epoch (13 steps an epoch) or early in the second
