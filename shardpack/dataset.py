@@ -16,7 +16,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from . import partition
+from .access import Burst
 from .errors import ShardpackError
+from .prefetch import NoPrefetch
 from .buffers import SlotPool
 from .reader import DatasetReader
 from .torchenv import IterableDataset, dist, placement, settle_worker
@@ -54,19 +56,13 @@ class ShardDataset(IterableDataset):
                              f"{partial!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        # a shuffle window is read at once, from up to window / block_size places: the access
+        # mode keeps that much (cached shards open, chunks in memory; docs/remote.md)
+        burst = Burst(shuffle_window, -(-shuffle_window // max(1, block_size))) if shuffle \
+            else Burst()
         self.reader = DatasetReader(path, storage_options, cache_dir=cache_dir,
                                     cache_limit=cache_limit, prefetch=prefetch,
-                                    trust_storage=trust_storage)
-        if not self.reader.storage.local and self.reader.cache is None and shuffle:
-            # streaming without a cache: keep a shuffle window's worth of chunks in memory, or
-            # every window would fetch its chunks again (docs/remote.md)
-            mean = self.reader.manifest["num_bytes"] / max(1, len(self.reader))
-            self.reader.chunk_memory = max(self.reader.chunk_memory,
-                                           int(1.25 * shuffle_window * mean) +
-                                           4 * self.reader.CHUNK_BYTES)
-        if shuffle:  # a batch reads from up to window / block_size shards: keep them all open,
-            # or every batch closes and re-maps cached shards (1 GB test: 29% slower warm)
-            self.reader.open_cached += -(-shuffle_window // max(1, block_size))
+                                    trust_storage=trust_storage, burst=burst)
         unknown = sorted(set(fields or ()) - set(self.reader.fields))
         if unknown:
             raise ValueError(f"unknown fields {unknown}: the dataset has {self.reader.fields}")
@@ -286,31 +282,25 @@ class ShardDataset(IterableDataset):
         the way what the current batch needs and, when shuffling, what this worker's part of
         the next shuffle window needs (a window is read in a burst, from many shards), then
         ``prefetch`` units more.  Samples the fast start fetched as pieces (the first batch)
-        need nothing more.  None for local data."""
-        reader = self.reader
-        if reader.storage.local or reader.prefetch <= 0:
-            return None
+        need nothing more.  A do-nothing one for local data."""
+        reader, access = self.reader, self.reader.access
+        if not access.prefetches or reader.prefetch <= 0:
+            return NoPrefetch()
         served = self.batch_size if reader.has_pieces else 0
         shards, rows = reader.locate_many(share.ids[skip + served:])
         if not len(shards):
-            return None
-        if reader.cache is not None:
-            keys = shards
-        else:
-            per = np.array([reader.rows_per_chunk(s) for s in range(len(reader.shards))])
-            keys = shards * (1 << 32) + rows // per[shards]
+            return NoPrefetch()
+        keys = access.unit_keys(shards, rows)
         distinct, needs = np.unique(keys, return_index=True)
         order = np.argsort(needs, kind="stable")
         distinct, needs = distinct[order], needs[order] + served
-        if reader.cache is not None and all(reader.is_cached(k) for k in distinct.tolist()):
-            return None  # a warm epoch starts no thread (a cached shard's turn just marks it
-                         # recently used, which keeps it from eviction until it is read)
-        units = [int(k) if reader.cache is not None else (int(k >> 32), int(k & 0xFFFFFFFF))
-                 for k in distinct.tolist()]
-        # a shuffle window is read in a burst: with a cache, fetch this worker's part of the next
-        # one early; chunks in memory stay one window (chunk_memory), so none ahead there
-        ahead = self.shuffle_window // max(1, num_workers) \
-            if self.shuffle and reader.cache is not None else 0
+        if access.all_cached(distinct.tolist()):
+            return NoPrefetch()  # a warm epoch starts no thread (a cached shard's turn just
+            #                      marks it recently used, which keeps it from eviction)
+        units = [access.unit(k) for k in distinct.tolist()]
+        # what the mode fetches ahead of the current batch: with a cache, this worker's part
+        # of the next shuffle window (read in a burst); chunks in memory stay one window
+        ahead = access.ahead(self.shuffle_window // max(1, num_workers)) if self.shuffle else 0
         return reader.prefetcher(units, needs, ahead)
 
     def _batches(self, share: partition.Share, skip: int, running: dict,

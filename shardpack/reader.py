@@ -16,34 +16,35 @@ from collections import OrderedDict
 import numpy as np
 
 from . import format as fmt
+from .access import MAX_OPEN_SHARDS, Burst, make_access
 from .errors import DatasetNotFoundError, FormatError, IntegrityError
+from .prefetch import NoPrefetch, Prefetcher
 from .storage import Storage
 
 
 class DatasetReader:
-    """``cache_dir`` (remote datasets only): shards are fetched whole into a shared local cache
-    (:class:`~shardpack.cache.ShardCache`), verified, and memory-mapped.  Without it, remote
-    samples are read with ranged requests in chunks of about CHUNK_BYTES, kept in a small
-    per-process memory LRU.  ``prefetch`` shards (or chunks) are fetched ahead in background
-    threads by :meth:`prefetcher`."""
+    """A dataset's manifest, its shard indexes (loaded when first needed, checked against the
+    manifest), and its samples' bytes, each checked against its index hash once per process.
 
-    MAX_OPEN_SHARDS = 64
-    CHUNK_BYTES = 8 << 20
-    CHUNK_MEMORY = 96 << 20
+    How shard bytes are reached is the access mode (shardpack/access.py), chosen once here:
+    local files are mapped where they are; remote shards go through the shared cache at
+    ``cache_dir`` (fetched whole, verified, mapped), or without one by ranged reads of chunks.
+    ``prefetch`` shards (or chunks) are fetched ahead by a background :class:`Prefetcher`
+    (shardpack/prefetch.py).  ``burst`` (an :class:`~shardpack.access.Burst`) says what is read
+    at once, which sizes what the mode keeps."""
+
+    MAX_OPEN_SHARDS = MAX_OPEN_SHARDS
     PIECE_GAP = 64 << 10      # fetch_pieces: samples closer than this share one request
     PIECE_REQUEST = 4 << 20   # ... up to this many bytes a request
 
     def __init__(self, url, storage_options: dict | None = None, *, cache_dir=None,
-                 cache_limit="50GB", prefetch: int = 2, trust_storage: bool = False):
+                 cache_limit="50GB", prefetch: int = 2, trust_storage: bool = False,
+                 burst: Burst = Burst()):
         """``trust_storage``: skip the per-sample hash check (:meth:`check_rows`) for storage
         the user trusts; shard identity at mapping and index hashes are still checked."""
         self.storage = Storage(url, storage_options)
         self.trust_storage = trust_storage
         self.prefetch = prefetch
-        # cached shards a process keeps open (and locked against eviction); ShardDataset raises
-        # it to cover the shards one shuffle window reads from
-        self.open_cached = prefetch + 4
-        self.chunk_memory = self.CHUNK_MEMORY
         try:
             data = self.storage.read_bytes(fmt.MANIFEST_NAME)
         except DatasetNotFoundError:
@@ -55,20 +56,25 @@ class DatasetReader:
         self.shards: list[dict] = self.manifest["shards"]
         self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum([s["samples"] for s in self.shards], out=self.offsets[1:])
-        self.cache = None
-        if cache_dir is not None and not self.storage.local:
-            from .cache import ShardCache
-            from .plan import parse_size
-
-            self.cache = ShardCache(cache_dir, parse_size(cache_limit))
+        mean = self.manifest.get("num_bytes", 0) / max(1, int(self.offsets[-1]))
+        self.access = make_access(self.storage, self.shards, index=self.index,
+                                  cache_dir=cache_dir, cache_limit=cache_limit,
+                                  prefetch=prefetch, burst=burst, mean_sample=mean)
         self._init_process_state()
+
+    @property
+    def cache(self):
+        """The shared cache (:class:`~shardpack.cache.ShardCache`), or None (not cached)."""
+        return getattr(self.access, "cache", None)
+
+    @property
+    def open_cached(self) -> int:
+        """Cached shards a process keeps open (and locked against eviction) at most."""
+        return self.access.open_limit
 
     def _init_process_state(self) -> None:
         self._indexes: dict[int, fmt.ShardIndex] = {}
         self._buffers: OrderedDict[int, tuple] = OrderedDict()  # shard -> (view, cache entry)
-        self._chunks: OrderedDict[tuple, bytes] = OrderedDict()
-        self._chunk_bytes = 0
-        self._inflight: dict[tuple, _Flight] = {}
         self._pieces: dict[tuple, bytes] = {}  # (shard, row) -> stored bytes, read once
         self.labels: dict[tuple, np.ndarray] = {}  # (shard, field) -> parsed labels (batches.py)
         # shard -> samples whose stored bytes matched their index hash in this process, in the
@@ -81,8 +87,7 @@ class DatasetReader:
         # memory maps, cache locks and loaded indexes stay in their process: a worker opens its
         # own, lazily
         state = dict(self.__dict__)
-        for key in ("_indexes", "_buffers", "_chunks", "_chunk_bytes", "_inflight", "_pieces",
-                    "labels", "checked", "_copies", "_lock"):
+        for key in ("_indexes", "_buffers", "_pieces", "labels", "checked", "_copies", "_lock"):
             state.pop(key, None)
         return state
 
@@ -107,18 +112,7 @@ class DatasetReader:
             return cached
         entry = self.shards[shard]
         path = self.storage.display(entry["index"])
-        if self.cache is not None:  # indexes are cached like shards (verified by hash)
-            meta = {"name": entry["index"], "hash": entry["index_hash"],
-                    "bytes": entry["index_bytes"]}
-            held = self.cache.open(self.storage.url, meta, lambda tmp: self.storage.download(
-                entry["index"], tmp, entry["index_bytes"]))
-            try:
-                with open(held.path, "rb") as f:
-                    data = f.read()
-            finally:
-                held.close()
-        else:
-            data = self.storage.read_bytes(entry["index"])
+        data = self.access.index_bytes(shard)
         if len(data) != entry["index_bytes"]:
             raise IntegrityError(f"index is {len(data)} bytes, the manifest says "
                                  f"{entry['index_bytes']}", path=path)
@@ -154,17 +148,12 @@ class DatasetReader:
             if held is not None:
                 self._buffers.move_to_end(shard)
                 return held[0]
-        entry = None
-        meta = self.shards[shard]
-        if self.storage.local:
-            path = self.storage.path(meta["name"])
-        elif self.cache is not None:
-            entry = self.cache.open(self.storage.url, meta, self._downloader(shard))
-            path = entry.path
-        else:
+        opened = self.access.open(shard)
+        if opened is None:  # this mode reads chunks, it maps nothing
             return None
+        path, entry = opened
         try:
-            view, identity = _map(path, meta["bytes"], self.shard_path(shard))
+            view, identity = _map(path, self.shards[shard]["bytes"], self.shard_path(shard))
             if self._copies.get(shard) != identity:
                 # another file than the one this process checked samples of (replaced since,
                 # or first seen): what was checked says nothing about it
@@ -182,7 +171,7 @@ class DatasetReader:
             raise
         # cached shards stay locked (never evicted) while open: keep few open, so the cache
         # limit can be honoured; local files can stay open freely
-        limit = self.MAX_OPEN_SHARDS if entry is None else self.open_cached
+        limit = self.MAX_OPEN_SHARDS if entry is None else self.access.open_limit
         with self._lock:
             self._buffers[shard] = (view, entry)
             while len(self._buffers) > limit:
@@ -257,90 +246,22 @@ class DatasetReader:
             seen[todo] = True
 
     def is_cached(self, shard: int) -> bool:
-        """Whether the cache holds shard ``shard`` now (a look, not a promise: eviction may
-        remove it; it is verified when opened)."""
-        return self.cache is not None and os.path.exists(
-            self.cache.entry_path(self.storage.url, self.shards[shard]))
-
-    def _downloader(self, shard: int):
-        meta = self.shards[shard]
-        return lambda tmp: self.storage.download(meta["name"], tmp, meta["bytes"])
+        """Whether the cache holds shard ``shard`` now (never, without a cache)."""
+        return self.access.is_cached(shard)
 
     def warm(self, unit) -> None:
-        """Fetch ahead: a shard number (its index, then the shard, into the cache) or a (shard,
-        chunk) pair (into memory).  A shard that another process or thread is fetching is left
-        to it (the reader waits for it when it gets there)."""
-        if isinstance(unit, tuple):
-            self._chunk(*unit)
-        elif self.cache is not None:
+        """Fetch ahead one unit of the access mode (a shard into the cache, with its index
+        first; a chunk into memory)."""
+        if isinstance(unit, int):
             self.index(unit)
-            entry = self.cache.open(self.storage.url, self.shards[unit], self._downloader(unit),
-                                    wait=False)
-            if entry is not None:
-                entry.close()
+        self.access.warm(unit)
 
-    def rows_per_chunk(self, shard: int) -> int:
-        """Rows in each ranged chunk of a remote shard read without a cache (~CHUNK_BYTES)."""
-        meta = self.shards[shard]
-        return max(1, self.CHUNK_BYTES * meta["samples"] // max(1, meta["bytes"]))
-
-    def chunk_of(self, shard: int, row: int) -> int:
-        return row // self.rows_per_chunk(shard)
-
-    def _chunk(self, shard: int, number: int) -> tuple[bytes, int]:
-        """Rows of chunk ``number`` of a remote shard with one ranged read: (bytes, offset)."""
-        key = (shard, number)
-        with self._lock:
-            hit = self._chunks.get(key)
-            if hit is not None:
-                self._chunks.move_to_end(key)
-                return hit
-            flight = self._inflight.get(key)
-            owner = flight is None
-            if owner:  # nobody is fetching it: this thread does, others wait for its outcome
-                flight = self._inflight[key] = _Flight()
-        if not owner:
-            flight.done.wait()
-            if flight.error is not None:
-                with self._lock:  # a failed fetch is reported once, then forgotten
-                    if self._inflight.get(key) is flight:
-                        del self._inflight[key]
-                raise flight.error
-            return flight.result
-        try:
-            flight.result = self._fetch_chunk(shard, number)
-            return flight.result
-        except BaseException as exc:
-            flight.error = exc  # kept for the next thread that asks (the reader, after a
-            raise               # prefetcher's failure): the error after retries, not a new try
-        finally:
-            if flight.error is None:
-                with self._lock:
-                    self._inflight.pop(key, None)
-            flight.done.set()
-
-    def _fetch_chunk(self, shard: int, number: int) -> tuple[bytes, int]:
-        key = (shard, number)
-        index = self.index(shard)
-        meta = self.shards[shard]
-        per = self.rows_per_chunk(shard)
-        first, last = number * per, min(index.num_samples, (number + 1) * per)
-        start, end = int(index.starts[first]), int(index.starts[last])
-        data = self.storage.read_bytes(meta["name"], start, end)
-        with self._lock:
-            self._chunks[key] = (data, start)
-            self._chunk_bytes += len(data)
-            while self._chunk_bytes > self.chunk_memory and len(self._chunks) > 1:
-                _, (old, _) = self._chunks.popitem(last=False)
-                self._chunk_bytes -= len(old)
-        return data, start
-
-    def prefetcher(self, units: list, needs, ahead: int = 0) -> "Prefetcher | None":
+    def prefetcher(self, units: list, needs, ahead: int = 0):
         """A background fetcher for ``units`` (distinct, in order of first need; ``needs[i]`` is
-        the first reading position that needs unit i), or None when there is nothing to fetch
-        ahead (local data, or prefetch=0)."""
-        if self.storage.local or self.prefetch <= 0 or not units:
-            return None
+        the first reading position that needs unit i); a do-nothing one when there is nothing
+        to fetch ahead (local data, or prefetch=0)."""
+        if not self.access.prefetches or self.prefetch <= 0 or not units:
+            return NoPrefetch()
         return Prefetcher(self, units, needs, self.prefetch, ahead)
 
     def fetch_pieces(self, ids) -> int:
@@ -350,7 +271,7 @@ class DatasetReader:
         epoch draws from many shards; without this it waits until every one of them is
         downloaded whole.  Returns the number of requests made (0 for local data, no cache, or
         shards already cached)."""
-        if self.cache is None or self.storage.local or len(ids) == 0:
+        if not self.access.fast_start or len(ids) == 0:
             return 0
         shards, rows = self.locate_many(ids)
         missing = sorted({int(s) for s in shards.tolist()
@@ -414,7 +335,7 @@ class DatasetReader:
         if buf is not None:
             self.check_rows(shard, rows, buf)
             return buf[start:end]
-        data, base = self._chunk(shard, self.chunk_of(shard, row))
+        data, base = self.access.chunk_of(shard, row)
         piece = data[start - base:end - base]
         if len(piece) != end - start:
             raise FormatError(f"truncated shard: wanted {end - start} bytes, got {len(piece)}",
@@ -476,76 +397,6 @@ def _map(path: str, expected: int, display: str) -> tuple[memoryview, tuple]:
         return view, identity
     finally:
         os.close(fd)
-
-
-class _Flight:
-    """One fetch in progress: threads wanting the same chunk wait for its result or error."""
-
-    __slots__ = ("done", "result", "error")
-
-    def __init__(self):
-        self.done = threading.Event()
-        self.result = None
-        self.error = None
-
-
-class Prefetcher:
-    """Fetches ``units`` in order in background threads: every unit the reader needs up to
-    ``ahead`` positions past the one it reports with :meth:`reading`, and ``depth`` units
-    beyond.  ``units`` are distinct and in order of first need (``needs``: the first position
-    needing each).  Errors are not raised here: a reading thread that needs the same unit gets
-    the error (or retries, for a cached shard) with the usual message."""
-
-    def __init__(self, reader: DatasetReader, units: list, needs, depth: int, ahead: int = 0):
-        self.reader, self.units, self.depth, self.ahead = reader, units, depth, ahead
-        self.needs = np.asarray(needs, dtype=np.int64)
-        self.position = 0  # units needed so far
-        self._cond = threading.Condition()
-        self._stop = False
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True,
-                                          name=f"shardpack-fetch-{i}")
-                         for i in range(min(depth, 4))]
-        self._next = 0
-        self._started = False  # the threads start with the first position reported
-
-    @property
-    def started(self) -> bool:
-        return self._started
-
-    def reading(self, end: int) -> None:
-        """The reader is about to read positions before ``end``."""
-        self.at(int(np.searchsorted(self.needs, end + self.ahead, side="left")))
-
-    def at(self, position: int) -> None:
-        """The reader needs the first ``position`` units now."""
-        with self._cond:
-            if position > self.position:
-                self.position = position
-                self._cond.notify_all()
-            if not self._started:
-                self._started = True
-                for t in self._threads:
-                    t.start()
-
-    def _run(self, _: int) -> None:
-        while True:
-            with self._cond:
-                while not self._stop and self._next < len(self.units) and \
-                        self._next >= self.position + self.depth:
-                    self._cond.wait()
-                if self._stop or self._next >= len(self.units):
-                    return
-                unit = self.units[self._next]
-                self._next += 1
-            try:
-                self.reader.warm(unit)
-            except Exception:  # noqa: BLE001 - the reading thread reports it
-                pass
-
-    def close(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
 
 
 def record_payload(index: fmt.ShardIndex, row: int, record, path: str):
