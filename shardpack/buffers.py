@@ -117,6 +117,26 @@ class SlotPool:
         return np.frombuffer(self._map, dtype=np.uint8, count=nbytes,
                              offset=self._base + slot * self.slot_bytes)
 
+    def receive(self, slot: int, nbytes: int, gen: int) -> np.ndarray:
+        """The slot's bytes as an array of this process's mapping; the slot is freed when the
+        array and everything built on it die.  Outside the owning process: a private copy."""
+        if os.getpid() != self.owner:
+            return self.view(slot, nbytes).copy()
+        if not self._locked():
+            raise ShardpackError("the batch buffer pool's lock is held by a process that died",
+                                 hint="restart the DataLoader")
+        try:
+            if self._gen[slot] != gen or self._state[slot] != _TAKEN:
+                raise ShardpackError(f"batch buffer slot {slot} was taken back before its "
+                                     "batch arrived (its worker died?)",
+                                     hint="restart the DataLoader")
+            self._state[slot] = _HELD
+        finally:
+            self._lock.release()
+        array = self.view(slot, nbytes)
+        _finalize(array, self.release, slot, gen, _HELD)
+        return array
+
     def release(self, slot: int, gen: int, state: int) -> None:
         """Free a slot still in ``state`` at generation ``gen``.  Workers take the lowest free
         slot, so the first KEEP slots are the ones in use; a slot past them was needed only while
@@ -207,21 +227,5 @@ def sending_from_worker(token: str) -> bool:
 
 
 def receive(token: str, slot: int, nbytes: int, gen: int) -> np.ndarray:
-    """The slot's bytes as an array of this process's mapping; the slot is freed when the array
-    and everything built on it die.  Outside the owning process: a private copy."""
-    pool = pool_for(token)
-    if os.getpid() != pool.owner:
-        return pool.view(slot, nbytes).copy()
-    if not pool._locked():
-        raise ShardpackError("the batch buffer pool's lock is held by a process that died",
-                             hint="restart the DataLoader")
-    try:
-        if pool._gen[slot] != gen or pool._state[slot] != _TAKEN:
-            raise ShardpackError(f"batch buffer slot {slot} was taken back before its batch "
-                                 "arrived (its worker died?)", hint="restart the DataLoader")
-        pool._state[slot] = _HELD
-    finally:
-        pool._lock.release()
-    array = pool.view(slot, nbytes)
-    _finalize(array, pool.release, slot, gen, _HELD)
-    return array
+    """The slot's bytes (see :meth:`SlotPool.receive`) of the pool named ``token``."""
+    return pool_for(token).receive(slot, nbytes, gen)

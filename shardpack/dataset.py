@@ -8,9 +8,8 @@ module only reads what they say, lazily, in whichever process iterates.
 
 from __future__ import annotations
 
-import multiprocessing
+import dataclasses
 import warnings
-from multiprocessing.context import get_spawning_popen
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -19,6 +18,7 @@ from . import partition
 from .access import Burst
 from .errors import ShardpackError
 from .prefetch import NoPrefetch
+from .shared import SharedInt
 from .buffers import SlotPool
 from .reader import DatasetReader
 from .torchenv import IterableDataset, dist, placement, settle_worker
@@ -81,9 +81,9 @@ class ShardDataset(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self._dist: tuple[int, int] | None = None  # (rank, world) seen in the training process
         self._capture_dist()
-        # set_epoch() writes here; workers (persistent ones included) read it at each __iter__.
-        # An anonymous shared page: it lives exactly as long as the processes holding it.
-        self._epoch = multiprocessing.get_context("fork").RawValue("q", -1)
+        # set_epoch() writes here; workers (persistent ones included) read it at each __iter__
+        # (NOTE [fork-shared pages] in shardpack/shared.py)
+        self._epoch = SharedInt(-1)
         # batch buffers the workers reuse (shardpack.buffers): made here, before the DataLoader
         # forks them; anonymous, so it lives exactly as long as the processes holding it
         self._pool = SlotPool.create() if batched else None
@@ -92,7 +92,7 @@ class ShardDataset(IterableDataset):
             self.reader.keys_token = self._pool.token
         self._local_epoch = 0   # epochs started in this process, used until set_epoch is called
         self._resume: dict | None = None
-        self._running: dict | None = None  # what the current iteration in this process is doing
+        self._running: Position | None = None  # the iteration running in this process, if any
         self.stats = {"yielded": 0, "skipped": 0, "repeats": 0, "dropped": 0,
                       "fast_start_requests": 0}
 
@@ -114,16 +114,7 @@ class ShardDataset(IterableDataset):
     # -- pickling into workers ----------------------------------------------------------------
     def __getstate__(self):
         self._capture_dist()
-        state = dict(self.__dict__)
-        if get_spawning_popen() is None:  # not being sent to a new process: plain int snapshot
-            state["_epoch"] = int(self._epoch.value)
-        return state
-
-    def __setstate__(self, state):
-        if isinstance(state["_epoch"], int):
-            value = state["_epoch"]
-            state["_epoch"] = multiprocessing.get_context("fork").RawValue("q", value)
-        self.__dict__.update(state)
+        return dict(self.__dict__)
 
     # -- epochs and sizes ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -168,19 +159,19 @@ class ShardDataset(IterableDataset):
             return {**base, "epoch": epoch, "history": history + [[where.world, int(samples_seen)]],
                     "worker": None}
         running = self._running
-        if running is None or running["epoch"] != epoch:  # not iterating: what would run next
+        if running is None or running.epoch != epoch:  # not iterating: what would run next
             worker = self._resume.get("worker") if self._resume else None
             return {**base, "epoch": epoch, "history": history, "worker": worker}
         return {**base, "epoch": epoch, "history": history,
-                "worker": {"world": running["world"], "rank": running["rank"],
-                           "num_workers": running["num_workers"], "worker": running["worker"],
-                           "batch_size": self.batch_size, "yielded": running["yielded"]}}
+                "worker": {"world": running.world, "rank": running.rank,
+                           "num_workers": running.num_workers, "worker": running.worker,
+                           "batch_size": self.batch_size, "yielded": running.yielded.value}}
 
     def _current(self) -> tuple[int, list]:
         """(epoch, resume history) of the epoch running or about to run in this process."""
         epoch = self.epoch
-        if self._running is not None and self._running["epoch"] == epoch:
-            return epoch, [list(h) for h in self._running["history"]]
+        if self._running is not None and self._running.epoch == epoch:
+            return epoch, [list(h) for h in self._running.history]
         if self._resume is not None and self._resume["epoch"] == epoch:
             return epoch, [list(h) for h in self._resume["history"]]
         return epoch, []
@@ -241,8 +232,8 @@ class ShardDataset(IterableDataset):
                     hint="for elastic resume save ds.state_dict(samples_seen=k) instead")
             skip = saved["yielded"]
         share = self._share(where, epoch, history)
-        running = {"epoch": epoch, "history": history, "world": where.world, "rank": where.rank,
-                   "num_workers": where.num_workers, "worker": where.worker, "yielded": skip}
+        running = Position(epoch, tuple(tuple(h) for h in history), where.world, where.rank,
+                           where.num_workers, where.worker, Counter(skip))
         self._running = running
         self.stats["dropped"] = share.dropped
         for stage in (self.decode, self.transform):
@@ -303,10 +294,11 @@ class ShardDataset(IterableDataset):
         ahead = access.ahead(self.shuffle_window // max(1, num_workers)) if self.shuffle else 0
         return reader.prefetcher(units, needs, ahead)
 
-    def _batches(self, share: partition.Share, skip: int, running: dict,
+    def _batches(self, share: partition.Share, skip: int, running: "Position",
                  fetcher=None) -> Iterator[dict]:
         """Whole batches, gathered straight into (shared-memory) tensors: the fast path."""
-        from .batches import Gatherer, collate
+        from .batches import collate
+        from .gather import Gatherer
         from .torchenv import get_worker_info
 
         shared = get_worker_info() is not None
@@ -324,17 +316,17 @@ class ShardDataset(IterableDataset):
                 if self.on_error == "raise":
                     raise
             if batch is None:  # remote, compressed, or a bad sample to skip: sample by sample
-                inner = dict(running, yielded=0)
+                inner = dataclasses.replace(running, yielded=Counter(0))
                 samples = list(self._samples(part, 0, inner, raw=True))
                 self.reader.drop_pieces()  # the fast start serves one batch only
                 if not samples:
-                    running["yielded"] = start + len(part)
+                    running.yielded.value = start + len(part)
                     continue
                 batch = collate(samples, self._pool if shared else None)
             else:
                 self.stats["yielded"] += len(part)
                 self.stats["repeats"] += int(part.repeat.sum())
-            running["yielded"] = start + len(part)
+            running.yielded.value = start + len(part)
             if self.decode is not None:
                 batch = self.decode(batch)
             if self.transform is not None:
@@ -343,7 +335,7 @@ class ShardDataset(IterableDataset):
                 fetcher.reading(min(len(share), start + len(part) + size) - skip)  # downloads
             yield batch                                  # start before it goes out
 
-    def _samples(self, share: partition.Share, skip: int, running: dict,
+    def _samples(self, share: partition.Share, skip: int, running: "Position",
                  raw: bool = False, fetcher=None) -> Iterator[dict]:
         reader = self.reader
         ids = share.ids[skip:]
@@ -352,7 +344,7 @@ class ShardDataset(IterableDataset):
         fields = self.fields
         for pos, (gid, shard, row, rep) in enumerate(zip(ids.tolist(), shards.tolist(),
                                                          rows.tolist(), repeats.tolist())):
-            running["yielded"] += 1
+            running.yielded.value += 1
             if fetcher is not None and pos == self.batch_size:
                 reader.drop_pieces()  # the fast start serves the first batch only
             if fetcher is not None and (pos % 64 == 0 or not fetcher.started) and \
@@ -380,6 +372,30 @@ class ShardDataset(IterableDataset):
                 sample = self.transform(sample)
             self.stats["yielded"] += 1
             yield sample
+
+
+class Counter:
+    """A count that a frozen :class:`Position` carries and the reading loop moves on."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int = 0):
+        self.value = value
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where this process's iteration is: the epoch, its resume history, the placement (rank
+    and DataLoader worker), and how many of its share's samples it has yielded (the one part
+    that moves, a :class:`Counter`).  ``state_dict()`` reads it."""
+
+    epoch: int
+    history: tuple
+    world: int
+    rank: int
+    num_workers: int
+    worker: int
+    yielded: Counter
 
 
 def _check_labels(sample: dict, reader: DatasetReader, shard: int, row: int) -> None:

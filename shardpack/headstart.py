@@ -5,28 +5,20 @@ same moment and they share the CPUs (or the link).  A :class:`HeadStart` lets wo
 "my first step is done" and the others wait for it, never longer than a bound, so the first batch
 arrives sooner.  Used by ``CpuDecode``'s head start.
 
-The signal is one anonymous shared 8-byte page, made in the training process before the
-DataLoader forks its workers (like ``set_epoch``'s): it has no name and disappears with the last
-process holding it.  Spawned workers receive it with the object; a plain copy or pickle of the
-object gets a fresh page of its own.  Tokens are (epoch, this process's own iteration count), so
+The signal is one anonymous shared 8-byte page (:class:`~shardpack.shared.SharedInt`, as for
+``set_epoch``): workers receive it with the object; a plain copy or pickle of the object gets a
+fresh page of its own.  Tokens are (epoch, this process's own iteration count), so
 an iteration the training process ran before forking does not count in a worker.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
-from multiprocessing.context import get_spawning_popen
+
+from .shared import SharedInt
 
 POLL = 0.002  # seconds between looks at the page while waiting
-
-
-def _page():
-    try:
-        return multiprocessing.get_context("fork").RawValue("q", -1)
-    except ValueError:  # no fork here: workers are spawned and receive the page with the object
-        return multiprocessing.RawValue("q", -1)
 
 
 class HeadStart:
@@ -35,7 +27,7 @@ class HeadStart:
 
     def __init__(self, limit: float):
         self.limit = limit  # seconds a worker waits at most
-        self._page = _page()
+        self._page = SharedInt(-1, keep_value=False)  # a copy waits for a signal of its own
         self._counted = (os.getpid(), 0)  # (process, iterations begun in it)
         self.token = -1
 
@@ -58,13 +50,4 @@ class HeadStart:
             time.sleep(POLL)
         return time.monotonic() - start
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        if get_spawning_popen() is None:  # a copy, not a worker being made: a page of its own
-            state["_page"] = None
-        return state
 
-    def __setstate__(self, state):
-        if state["_page"] is None:
-            state["_page"] = _page()
-        self.__dict__.update(state)

@@ -166,7 +166,7 @@ def test_elastic_resume(packed, new_world, new_workers):
         ds.load_state_dict(states[0])
         rest += [(i, rep) for b in DataLoader(ds, batch_size=B, num_workers=new_workers,
                                               collate_fn=collate)
-                 for i, rep in zip(b["__index__"].tolist(), b["__repeat__"].tolist())]
+                 for i, rep in zip(b["__index__"].tolist(), b["__repeat__"].tolist(), strict=True)]
     fresh = [i for i, rep in rest if not rep]
     assert sorted(seen + fresh) == list(range(N))
 
@@ -244,7 +244,7 @@ def test_collate_memoryviews_into_a_slot_pool():
 
     big = [os.urandom(INLINE_LIMIT // 2 + 1), os.urandom(INLINE_LIMIT // 2 + 1)]
     samples = [{"__key__": k, "jpg": memoryview(b), "cls": memoryview(c), "txt": memoryview(t)}
-               for k, b, c, t in zip("ab", big, (b"4", b"12"), (b"x", b""))]
+               for k, b, c, t in zip("ab", big, (b"4", b"12"), (b"x", b""), strict=True)]
     pool = SlotPool.create()
     if pool is None:
         pytest.skip("this system cannot map a slot pool")
@@ -300,7 +300,8 @@ def test_bad_crc_is_caught_or_skipped(tmp_path):
     data = bytearray(shard.read_bytes())
     data[16 + 24 + 20] ^= 0xFF  # inside the first record's payload
     shard.write_bytes(bytes(data))
-    with pytest.raises(IntegrityError, match=r"shard-00000.spk, sample '0', offset 16: .*index hash"):
+    with pytest.raises(IntegrityError,
+                       match=r"shard-00000.spk, sample '0', offset 16: .*index hash"):
         ids_of(ShardDataset(out, shuffle=False))
     ds = ShardDataset(out, shuffle=False, on_error="skip")
     with warnings.catch_warnings(record=True) as caught:
@@ -336,7 +337,7 @@ def test_batched_mode_matches_sample_mode(packed, workers):
     a = list(DataLoader(plain, batch_size=B, num_workers=workers, collate_fn=collate))
     b = list(DataLoader(fast, batch_size=None, num_workers=workers))
     assert len(a) == len(b) == -(-N // B)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x["__key__"] == y["__key__"] and torch.equal(x["__index__"], y["__index__"])
         assert torch.equal(x["cls"], y["cls"]) and x["bin"].items() == y["bin"].items()
         assert torch.equal(x["bin"].offsets, y["bin"].offsets)
@@ -357,7 +358,7 @@ def test_batch_pickles_small_tensors_inline():
 
 
 def test_vectorised_label_parsing():
-    from shardpack.batches import _parse_decimal
+    from shardpack.gather import _parse_decimal
 
     raw = b"3" + b"12" + b"0" + b"907"
     src = np.frombuffer(raw, dtype=np.uint8)
@@ -437,11 +438,11 @@ def test_state_of_the_previous_order_version(packed):
 
 
 def test_labels_that_int_accepts_are_parsed_once_per_stretch(tmp_path, monkeypatch):
-    from shardpack import batches
+    from shardpack import gather
 
     calls = []
-    parse = batches._parse_ints
-    monkeypatch.setattr(batches, "_parse_ints", lambda *a: calls.append(1) or parse(*a))
+    parse = gather._parse_ints
+    monkeypatch.setattr(gather, "_parse_ints", lambda *a: calls.append(1) or parse(*a))
     files = {}
     for i in range(N):
         files[f"{i:03d}.bin"] = bytes([i]) * 5

@@ -37,7 +37,8 @@ def ceiling(path):
     import multiprocessing as mp
 
     import shardpack
-    from shardpack.batches import Batch, gather_batch
+    from shardpack.batches import Batch
+    from shardpack.gather import gather_batch
     from shardpack.buffers import SlotPool
 
     ds = shardpack.ShardDataset(path, batch_size=BATCH, batched=True, shuffle=True)

@@ -1,0 +1,103 @@
+"""Before/after a refactor of the read path (issue 18): the same reads with the code of a base
+commit and with the working tree, alternated in fresh processes, median rates.  Not a test;
+figures go to docs/benchmarks.md.
+
+Cases: bytes-only batched epochs (100 KB and 1 KB samples, local tar), CPU decode (224 px,
+per-sample path), and the same 100 KB dataset over HTTP (nginx on 127.0.0.1, no added latency)
+with a cache: cold (empty cache) and warm (the cache filled by the cold run).
+
+    python tools/bench_before_after.py --base 3f2c1ab --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIG = ROOT / "bench-data" / "imagenet-20000-packed-tar"
+TINY = ROOT / "bench-data" / "tiny-100000-packed-tar"
+
+
+def child(case: str, url: str, cache: str | None) -> float:
+    """One measurement in this process: samples per second."""
+    import shardpack
+
+    if case == "decode":
+        data = shardpack.ShardDataset(url, seed=1, decode=shardpack.CpuDecode(224))
+        t, n = time.perf_counter(), 0
+        for _ in data:
+            n += 1
+            if n == 1500:
+                break
+        return n / (time.perf_counter() - t)
+    data = shardpack.ShardDataset(url, batch_size=256, batched=True, seed=1, cache_dir=cache)
+    t = time.perf_counter()
+    n = sum(len(b["__index__"]) for b in data)
+    return n / (time.perf_counter() - t)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True, help="the commit before the change")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        case, url, cache = args.child
+        print(child(case, url, None if cache == "-" else cache))
+        return
+    base = Path(tempfile.mkdtemp()) / "base"
+    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(base), args.base],
+                   cwd=ROOT, check=True)
+    sys.path.insert(0, str(ROOT))
+    from tests.servers import NginxServer
+
+    results: dict[tuple[str, str], list[float]] = {}
+    try:
+        with NginxServer(BIG.parent, Path(tempfile.mkdtemp())) as nginx:
+            url = nginx.url_for(BIG.name)
+            cases = [("bytes 100 KB", "bytes", str(BIG)), ("bytes 1 KB", "bytes", str(TINY)),
+                     ("CPU decode 224 px", "decode", str(BIG)),
+                     ("HTTP cold (cache filled)", "cold", url),
+                     ("HTTP warm (cache full)", "warm", url)]
+            for rep in range(args.reps):
+                for who in (("before", "after") if rep % 2 == 0 else ("after", "before")):
+                    tree = base if who == "before" else ROOT
+                    cache = tempfile.mkdtemp()
+                    for label, case, target in cases:
+                        kind = "bytes" if case in ("cold", "warm") else case
+                        env = dict(os.environ, PYTHONPATH=str(tree))
+                        out = subprocess.run(
+                            [sys.executable, str(ROOT / "tools" / "bench_before_after.py"),
+                             "--base", args.base, "--child", kind, target,
+                             cache if case in ("cold", "warm") else "-"],
+                            capture_output=True, text=True, check=True, env=env, cwd=tree)
+                        rate = float(out.stdout.split()[-1])
+                        results.setdefault((label, who), []).append(rate)
+                        print(f"rep {rep} {who:6s} {label}: {rate:,.0f}/s", file=sys.stderr)
+                    shutil.rmtree(cache)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT)
+    print(f"`python tools/bench_before_after.py --base {args.base} --reps {args.reps}`: "
+          f"{args.reps} runs each, alternated, fresh processes, median samples/s:\n")
+    print("| case | before | after | after / before |")
+    print("|---|---|---|---|")
+    for label in dict.fromkeys(k[0] for k in results):
+        b = statistics.median(results[(label, "before")])
+        a = statistics.median(results[(label, "after")])
+        print(f"| {label} | {b:,.0f} | {a:,.0f} | {a / b:.3f} |")
+    print(json.dumps({f"{k[0]}/{k[1]}": v for k, v in results.items()}), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
