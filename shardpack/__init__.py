@@ -22,7 +22,8 @@ from .merge import MergeSummary, merge  # noqa: E402
 from .pack import PackSummary, pack  # noqa: E402
 from .reader import DatasetReader, open_reader  # noqa: E402
 
-_TORCH_API = {"CpuDecode": "decode", "DeviceLoader": "device", "Batch": "batches", "ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
+_TORCH_API = {"CpuDecode": "decode", "DeviceLoader": "device", "Batch": "batches",
+              "ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
               "BytesBatch": "batches", "Keys": "batches", "collate": "batches",
               "pack_bytes": "batches"}
 

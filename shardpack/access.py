@@ -255,10 +255,11 @@ class _Flight:
 
 
 def make_access(storage: Storage, shards: list[dict], *, index, cache_dir=None,
-                cache_limit="50GB", prefetch: int = 2, burst: Burst = Burst(),
+                cache_limit="50GB", prefetch: int = 2, burst: Burst | None = None,
                 mean_sample: float = 0.0) -> ShardAccess:
     """The mode for a dataset at ``storage``: local files are mapped where they are; remote
     ones go through the cache when ``cache_dir`` is given, else ranged reads."""
+    burst = burst or Burst()
     if storage.local:
         return LocalAccess(storage, shards)
     if cache_dir is not None:

@@ -27,7 +27,6 @@ NOTE [batch transport and slots]:
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -83,7 +82,7 @@ class Keys:
             self._resolve()
             blob, off = self._blob, np.frombuffer(self._offsets, dtype=np.int64).tolist()
             self._strs = [blob[a:b].decode("utf-8", "surrogateescape")
-                          for a, b in zip(off, off[1:])]
+                          for a, b in zip(off, off[1:], strict=False)]
         return self._strs
 
     def __len__(self) -> int:
@@ -276,7 +275,8 @@ def pack_bytes(items: Sequence[bytes], into: "Batch | None" = None, *, offsets=N
     if total <= _JOIN_LIMIT:  # small items: one C-level join, then one copy
         dst[:] = b"".join(items)
     else:  # large ones: straight into place, no second copy
-        for item, a, b in zip(items, offsets[:-1].tolist(), offsets[1:].tolist()):
+        for item, a, b in zip(items, offsets[:-1].tolist(), offsets[1:].tolist(),
+                                   strict=True):
             dst[a:b] = item
     return BytesBatch(data, torch.from_numpy(offsets))
 
@@ -330,7 +330,8 @@ def by_shard(shards: np.ndarray):
 
 
 def slices(srcs: list, starts: np.ndarray, sizes: np.ndarray) -> list:
-    return [src[a:a + k] for src, a, k in zip(srcs, starts.tolist(), sizes.tolist())]
+    return [src[a:a + k] for src, a, k in zip(srcs, starts.tolist(), sizes.tolist(),
+                                                            strict=True)]
 
 
 _JOIN_LIMIT = 1 << 20  # fields up to this size: join, then one copy (faster to ~2 MB here)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from torch.utils.data import DataLoader
-
 from .batches import BytesBatch, collate
 from .dataset import ShardDataset
 from .decode import CpuDecode
 from .device import DeviceLoader
 from .samples import Source
+from .torchenv import DataLoader
 
 
 @dataclass(frozen=True)

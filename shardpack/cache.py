@@ -21,9 +21,10 @@ shared memory, no lock state that outlives a crash.
   means a new boot).  Without the stamp (other boot, file changed, or a file system without user
   xattrs) it is re-hashed the first time each process opens it; a corrupt one is deleted and
   fetched again, once, then it is an error.
-* LRU: a file's access time is set on every use; before a new file is published, the least recently used files
-  that nobody holds are deleted until the cache fits ``limit`` bytes.  When everything cached is
-  in use, the cache overshoots rather than deadlock, and shrinks again as readers let go.
+* LRU: a file's access time is set on every use; before a new file is published, the least
+  recently used files that nobody holds are deleted until the cache fits ``limit`` bytes.  When
+  everything cached is in use, the cache overshoots rather than deadlock, and shrinks again as
+  readers let go.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class ShardCache:
         ``wait=False``, None instead of waiting while another process or thread fetches it (a
         prefetcher moves on to the next shard)."""
         path = self.entry_path(dataset_url, shard)
-        for attempt in range(2):
+        for _ in range(2):
             entry = self._get(path, shard, download, wait)
             if entry is None:
                 return None

@@ -343,7 +343,8 @@ class ShardDataset(IterableDataset):
         shards, rows = reader.locate_many(ids)
         fields = self.fields
         for pos, (gid, shard, row, rep) in enumerate(zip(ids.tolist(), shards.tolist(),
-                                                         rows.tolist(), repeats.tolist())):
+                                                         rows.tolist(), repeats.tolist(),
+                                                         strict=True)):
             running.yielded.value += 1
             if fetcher is not None and pos == self.batch_size:
                 reader.drop_pieces()  # the fast start serves the first batch only

@@ -42,7 +42,7 @@ class CropOptions:
     seed: int = 0
 
 
-class _Random:
+class SampleRandom:
     """Uniform floats from a hash of (seed, epoch, index, draw): cheap, and the same in any
     process or worker, so resumed epochs crop identically."""
 
@@ -58,7 +58,7 @@ class _Random:
         return lo + (hi - lo) * (bits >> 11) / float(1 << 53)
 
 
-def crop_box(height: int, width: int, opts: CropOptions, rnd: _Random | None
+def crop_box(height: int, width: int, opts: CropOptions, rnd: SampleRandom | None
              ) -> tuple[int, int, int, int]:
     """(top, left, crop_height, crop_width) in original pixels; same rule as torchvision's
     RandomResizedCrop (10 tries, then a center crop at the nearest allowed ratio) for training,
@@ -88,11 +88,12 @@ def crop_box(height: int, width: int, opts: CropOptions, rnd: _Random | None
     return (height - ch) // 2, (width - cw) // 2, min(ch, height), min(cw, width)
 
 
-def _flip(rnd: _Random | None, opts: CropOptions) -> bool:
+def should_flip(rnd: SampleRandom | None, opts: CropOptions) -> bool:
+    """Whether this sample is flipped horizontally (training with ``flip`` on: one draw)."""
     return bool(opts.train and opts.flip and rnd is not None and rnd.uniform() < 0.5)
 
 
-def decode_image(data, opts: CropOptions, rnd: _Random | None = None) -> np.ndarray:
+def decode_image(data, opts: CropOptions, rnd: SampleRandom | None = None) -> np.ndarray:
     """One image -> uint8 ``[size, size, 3]``, the fast way.  JPEGs (found by their magic bytes,
     whatever the field name) decode with simplejpeg at a reduced DCT scale; CMYK/YCCK JPEGs, JPEGs
     simplejpeg refuses and every other format decode whole with :func:`images.decode_rgb` (same RGB
@@ -134,7 +135,7 @@ def decode_image(data, opts: CropOptions, rnd: _Random | None = None) -> np.ndar
         top, left, ch, cw = box
         crop = pixels[top:top + ch, left:left + cw]
     out = _resize(crop, opts.size)
-    return out[:, ::-1] if _flip(rnd, opts) else out
+    return out[:, ::-1] if should_flip(rnd, opts) else out
 
 
 def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
@@ -148,7 +149,8 @@ def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
     return y[0].permute(1, 2, 0).numpy()
 
 
-def reference_decode(data: bytes, opts: CropOptions, rnd: _Random | None = None) -> np.ndarray:
+def reference_decode(data: bytes, opts: CropOptions, rnd: SampleRandom | None = None
+                     ) -> np.ndarray:
     """The straightforward Pillow pipeline (full decode, crop, resize): what the fast path must
     match within a tested tolerance.  Pixels go through the same RGB rules as decode_image
     (:func:`images.rgb_array`: 16-bit high byte, palette lookup, alpha dropped, CMYK by Pillow)."""
@@ -162,7 +164,7 @@ def reference_decode(data: bytes, opts: CropOptions, rnd: _Random | None = None)
     top, left, ch, cw = crop_box(image.height, image.width, opts, rnd)
     out = np.asarray(image.crop((left, top, left + cw, top + ch)).resize(
         (opts.size, opts.size), Image.Resampling.BILINEAR))
-    return out[:, ::-1] if _flip(rnd, opts) else out
+    return out[:, ::-1] if should_flip(rnd, opts) else out
 
 
 def _image_fields(batch: dict, field: str | None) -> tuple[list, list]:
@@ -311,7 +313,7 @@ class CpuDecode:
 
         def run(part: range) -> None:
             for i in part:
-                rnd = _Random(self.opts.seed, self.epoch, ids[i]) if self.opts.train else None
+                rnd = SampleRandom(self.opts.seed, self.epoch, ids[i]) if self.opts.train else None
                 try:
                     images[i] = decode_image(image_of(i), self.opts, rnd)
                 except DecodeError as exc:

@@ -24,7 +24,8 @@ import time
 import numpy as np
 
 from .batches import BytesBatch
-from .decode import CropOptions, DecodeError, _flip, _Random, crop_box, decode_image, image_batch
+from .decode import (CropOptions, DecodeError, SampleRandom, crop_box, decode_image, image_batch,
+                     should_flip)
 from .torchenv import torch
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -180,7 +181,7 @@ class DeviceLoader:
         fallback = []
         for i, gid in enumerate(ids):
             raw = data[offsets[i]:offsets[i + 1]]
-            rnd = _Random(self.opts.seed, self.epoch, gid) if self.opts.train else None
+            rnd = SampleRandom(self.opts.seed, self.epoch, gid) if self.opts.train else None
             header = _jpeg_size(raw.numpy())
             if header is None:
                 fallback.append((i, raw, rnd))
@@ -195,9 +196,9 @@ class DeviceLoader:
             except RuntimeError:
                 images = None
             if images is None:  # one bad image fails the batch call: fall back one by one
-                fallback += [(i, raw, rnd) for (i, rnd), raw in zip(plan, encoded)]
+                fallback += [(i, raw, rnd) for (i, rnd), raw in zip(plan, encoded, strict=True)]
             else:
-                for (i, rnd), img in zip(plan, images):
+                for (i, rnd), img in zip(plan, images, strict=True):
                     h, w = img.shape[1:]
                     top, left, ch, cw = crop_box(h, w, self.opts, rnd)
                     crop = img[None, :, top:top + ch, left:left + cw].float()
@@ -205,7 +206,7 @@ class DeviceLoader:
                         crop, size=(self.opts.size, self.opts.size), mode="bilinear",
                         antialias=True, align_corners=False)[0].round_().clamp_(0, 255)
                     res = res.to(torch.uint8)
-                    if _flip(rnd, self.opts):
+                    if should_flip(rnd, self.opts):
                         res = res.flip(-1)
                     out[i] = res.permute(1, 2, 0)
         for i, raw, rnd in fallback:

@@ -80,7 +80,8 @@ def crc32c_function():
 # ---------------------------------------------------------------------------------------------
 
 def split_name(basename: str) -> tuple[str, str]:
-    """``"0001.seg.png"`` -> ``("0001", "seg.png")``: the WebDataset rule, key up to the first dot."""
+    """``"0001.seg.png"`` -> ``("0001", "seg.png")``: the WebDataset rule, key up to the first
+    dot."""
     stem, dot, field = basename.partition(".")
     return stem, field
 
@@ -190,7 +191,8 @@ def _octal(field: bytes, what: str, offset: int) -> int:
     try:
         return int(text or b"0", 8)
     except ValueError:
-        raise FormatError(f"tar header field {what} is not octal: {field!r}", offset=offset) from None
+        raise FormatError(f"tar header field {what} is not octal: {field!r}",
+                          offset=offset) from None
 
 
 def parse_tar_header(buf, offset: int = 0) -> TarMember:
@@ -461,7 +463,7 @@ class ShardIndex:
         a, b = int(self.field_runs[i]), int(self.field_runs[i + 1])
         return [(self.fields[f], off, size) for f, off, size in zip(
             self.entry_fields[a:b].tolist(), self.entry_offsets[a:b].tolist(),
-            self.entry_sizes[a:b].tolist())]
+            self.entry_sizes[a:b].tolist(), strict=True)]
 
 
 class _FieldSpans:
@@ -537,28 +539,62 @@ def encode_index(*, shard_format: str, compression: str, shard_bytes: int, shard
 
 def decode_index(buf, path: str | None = None) -> ShardIndex:
     """Parse and validate an index.  ``buf`` may be bytes or a memory map."""
+    (version, fmt, comp, flags, n, nfields, names_len, shard_bytes, shard_hash, plan_digest,
+     skipped) = _index_header(buf, path)
+    size = len(buf)
+    end = INDEX_HEADER.size + names_len
+    if end > size - INDEX_TRAILER.size or 2 * nfields > names_len:
+        raise FormatError("index field-name table runs past the index", path=path)
+    fields = _index_field_names(buf, nfields, end, path)
+    arrays = _IndexArrays(buf, end, path)
+    starts, raw_sizes, hashes = arrays.take(n + 1), arrays.take(n), arrays.take(n)
+    if version == 1:
+        runs, rows, entry_fields, entry_offsets, entry_sizes = _index_entries_v1(arrays, n,
+                                                                                 nfields)
+    else:
+        runs, rows, entry_fields, entry_offsets, entry_sizes = _index_entries(arrays, n, nfields,
+                                                                              flags, path)
+    koff = arrays.take(n + 1)
+    pos, key_len = arrays.pos, int(koff[-1])
+    if pos + key_len + INDEX_TRAILER.size != size:
+        raise FormatError("index size does not match its header", path=path)
+    _check_index_spans(fmt, comp, starts, raw_sizes, koff, shard_bytes, path)
+    raw = raw_sizes[rows]  # compared without a sum that could wrap around 2^64
+    if np.any((entry_sizes > raw) | (entry_offsets > raw - np.minimum(entry_sizes, raw))):
+        raise FormatError("index field extends past its sample", path=path)
+    formats = {v: k for k, v in _FORMAT_CODE.items()}
+    comps = {v: k for k, v in _COMPRESSION_CODE.items()}
+    return ShardIndex(formats[fmt], comps[comp], int(shard_bytes), bytes(shard_hash),
+                      int(plan_digest), int(skipped), tuple(fields), starts, raw_sizes, hashes,
+                      runs, entry_fields, entry_offsets, entry_sizes, koff,
+                      bytes(buf[pos:pos + key_len]), version)
+
+
+def _index_header(buf, path: str | None) -> tuple:
+    """The header's values after the magic, once magic, version, format and compression codes
+    and the checksum of the whole index are checked."""
     size = len(buf)
     if size < INDEX_HEADER.size + INDEX_TRAILER.size:
         raise FormatError(f"index is {size} bytes, too short", path=path)
-    (magic, version, fmt, comp, flags, n, nfields, names_len, shard_bytes, shard_hash,
-     plan_digest, skipped) = INDEX_HEADER.unpack_from(buf)
+    magic, version, fmt, comp, *rest = INDEX_HEADER.unpack_from(buf)
     if magic != INDEX_MAGIC:
         raise FormatError(f"not a shardpack index (magic {magic!r})", path=path, offset=0)
     if version not in READ_VERSIONS:
         raise VersionError(f"unsupported index version: expected one of {READ_VERSIONS}, found "
                            f"{version}", path=path)
-    formats = {v: k for k, v in _FORMAT_CODE.items()}
-    comps = {v: k for k, v in _COMPRESSION_CODE.items()}
+    formats, comps = set(_FORMAT_CODE.values()), set(_COMPRESSION_CODE.values())
     if fmt not in formats or comp not in comps:
         raise VersionError(f"unknown shard format code {fmt} or compression code {comp}: "
                            f"expected one of {sorted(formats)} and {sorted(comps)}", path=path)
     (stored,) = INDEX_TRAILER.unpack_from(buf, size - INDEX_TRAILER.size)
     if xxhash.xxh3_64_intdigest(memoryview(buf)[:size - INDEX_TRAILER.size]) != stored:
         raise IntegrityError("index checksum mismatch (corrupt or truncated index)", path=path)
+    return (version, fmt, comp, *rest)
+
+
+def _index_field_names(buf, nfields: int, end: int, path: str | None) -> list[str]:
+    """The field-name table (``nfields`` length-prefixed UTF-8 names) that ends at ``end``."""
     pos = INDEX_HEADER.size
-    end = pos + names_len
-    if end > size - INDEX_TRAILER.size or 2 * nfields > names_len:
-        raise FormatError("index field-name table runs past the index", path=path)
     fields = []
     for _ in range(nfields):
         (ln,) = struct.unpack_from("<H", buf, pos)
@@ -569,48 +605,65 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
         except UnicodeDecodeError:
             raise FormatError("index field name is not UTF-8", path=path) from None
         pos += 2 + ln
-    pos = end
+    return fields
 
-    def array(count: int, dtype: str = "<u8") -> np.ndarray:
-        nonlocal pos
+
+class _IndexArrays:
+    """The index's arrays in order, each padded to 8 bytes; none may run into the trailer."""
+
+    def __init__(self, buf, pos: int, path: str | None):
+        self.buf, self.pos, self.path = buf, pos, path
+        self.limit = len(buf) - INDEX_TRAILER.size
+
+    def take(self, count: int, dtype: str = "<u8") -> np.ndarray:
         width = np.dtype(dtype).itemsize
-        if pos + width * count > size - INDEX_TRAILER.size:
-            raise FormatError("index arrays run past the end of the index", path=path)
-        out = np.frombuffer(buf, dtype=dtype, count=count, offset=pos)
-        pos += width * count + (-(width * count) % 8)
+        if self.pos + width * count > self.limit:
+            raise FormatError("index arrays run past the end of the index", path=self.path)
+        out = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
+        self.pos += width * count + (-(width * count) % 8)
         return out
 
-    starts, raw_sizes, hashes = array(n + 1), array(n), array(n)
-    if version == 1:
-        # dense n x F tables (their size is bounded by the file's): turned into entries
-        foff = array(n * nfields).reshape(n, nfields)
-        fsize = array(n * nfields).reshape(n, nfields)
-        rows, cols = np.nonzero(foff != MISSING)
-        runs = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(rows, minlength=n), out=runs[1:])
-        entry_fields, entry_offsets, entry_sizes = cols, foff[rows, cols], fsize[rows, cols]
-    else:
-        if flags & ~INDEX_WIDE:
-            raise VersionError(f"unknown index flags {flags:#x}: expected only "
-                               f"{INDEX_WIDE:#x}", path=path)
-        runs = array(n + 1).astype(np.int64)  # int64: a crafted u64 past 2^63 turns negative
-        entries = int(runs[-1]) if n else 0
-        if n and (runs[0] != 0 or np.any(runs[1:] < runs[:-1]) or entries > n * nfields):
-            raise FormatError("index field runs are not increasing", path=path)
-        width = "<u8" if flags & INDEX_WIDE else "<u4"
-        entry_offsets, entry_sizes = array(entries, width), array(entries, width)
-        entry_fields = array(entries, "<u2")
-        if entries and int(entry_fields.max()) >= nfields:
-            raise FormatError("index names a field number past its field table", path=path)
-        rows = np.repeat(np.arange(n), np.diff(runs))
-        # within a sample, field numbers strictly increase: no field listed twice
-        if entries > 1 and not np.all((np.diff(entry_fields.astype(np.int32)) > 0)
-                                      | (np.diff(rows) != 0)):
-            raise FormatError("index field numbers of a sample are not increasing", path=path)
-    koff = array(n + 1)
-    key_len = int(koff[-1])
-    if pos + key_len + INDEX_TRAILER.size != size:
-        raise FormatError("index size does not match its header", path=path)
+
+def _index_entries_v1(arrays: _IndexArrays, n: int, nfields: int) -> tuple:
+    """Version 1: dense n x F tables (their size is bounded by the file's), turned into
+    ``(runs, rows, entry_fields, entry_offsets, entry_sizes)``."""
+    foff = arrays.take(n * nfields).reshape(n, nfields)
+    fsize = arrays.take(n * nfields).reshape(n, nfields)
+    rows, cols = np.nonzero(foff != MISSING)
+    runs = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=runs[1:])
+    return runs, rows, cols, foff[rows, cols], fsize[rows, cols]
+
+
+def _index_entries(arrays: _IndexArrays, n: int, nfields: int, flags: int,
+                   path: str | None) -> tuple:
+    """Version 2 on: per-sample runs of (field, offset, size) entries, checked, as
+    ``(runs, rows, entry_fields, entry_offsets, entry_sizes)``."""
+    if flags & ~INDEX_WIDE:
+        raise VersionError(f"unknown index flags {flags:#x}: expected only "
+                           f"{INDEX_WIDE:#x}", path=path)
+    runs = arrays.take(n + 1).astype(np.int64)  # int64: a crafted u64 past 2^63 turns negative
+    entries = int(runs[-1]) if n else 0
+    if n and (runs[0] != 0 or np.any(runs[1:] < runs[:-1]) or entries > n * nfields):
+        raise FormatError("index field runs are not increasing", path=path)
+    width = "<u8" if flags & INDEX_WIDE else "<u4"
+    entry_offsets, entry_sizes = arrays.take(entries, width), arrays.take(entries, width)
+    entry_fields = arrays.take(entries, "<u2")
+    if entries and int(entry_fields.max()) >= nfields:
+        raise FormatError("index names a field number past its field table", path=path)
+    rows = np.repeat(np.arange(n), np.diff(runs))
+    # within a sample, field numbers strictly increase: no field listed twice
+    if entries > 1 and not np.all((np.diff(entry_fields.astype(np.int32)) > 0)
+                                  | (np.diff(rows) != 0)):
+        raise FormatError("index field numbers of a sample are not increasing", path=path)
+    return runs, rows, entry_fields, entry_offsets, entry_sizes
+
+
+def _check_index_spans(fmt: int, comp: int, starts: np.ndarray, raw_sizes: np.ndarray,
+                       koff: np.ndarray, shard_bytes: int, path: str | None) -> None:
+    """Sample and key offsets increase and stay inside the shard; raw sizes agree with the
+    spans (tar) or are bounded by them (msgpack)."""
+    n = len(raw_sizes)
     if n and (np.any(starts[1:] < starts[:-1]) or int(starts[-1]) > shard_bytes
               or np.any(koff[1:] < koff[:-1])):
         raise FormatError("index offsets are not increasing or run past the shard", path=path)
@@ -627,13 +680,6 @@ def decode_index(buf, path: str | None = None) -> ShardIndex:
             raise FormatError("index raw sizes of msgpack records disagree with their spans"
                               + ("" if comp == _COMPRESSION_CODE["none"] else
                                  f" (more than {MAX_EXPANSION}x the stored size)"), path=path)
-    raw = raw_sizes[rows]  # compared without a sum that could wrap around 2^64
-    if np.any((entry_sizes > raw) | (entry_offsets > raw - np.minimum(entry_sizes, raw))):
-        raise FormatError("index field extends past its sample", path=path)
-    return ShardIndex(formats[fmt], comps[comp], int(shard_bytes), bytes(shard_hash),
-                      int(plan_digest), int(skipped), tuple(fields), starts, raw_sizes, hashes,
-                      runs, entry_fields, entry_offsets, entry_sizes, koff,
-                      bytes(buf[pos:pos + key_len]), version)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -649,6 +695,24 @@ def encode_manifest(manifest: dict) -> bytes:
 
 
 def decode_manifest(data: bytes, path: str | None = None) -> dict:
+    manifest = _parse_manifest(data, path)
+    _check_manifest_codes(manifest, path)
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or any(
+            not isinstance(s, dict) or any(k not in s for k in _SHARD_KEYS) for s in shards):
+        raise FormatError(f"manifest shards must be a list of objects with {_SHARD_KEYS}",
+                          path=path)
+    seen: set = set()
+    for number, s in enumerate(shards):
+        _check_shard_entry(number, s, manifest["shard_format"], seen, path)
+    if sum(s["samples"] for s in shards) >= MAX_COUNT:
+        raise FormatError("manifest shards hold more samples than any dataset can", path=path)
+    _check_manifest_values(manifest, path)
+    return manifest
+
+
+def _parse_manifest(data: bytes, path: str | None) -> dict:
+    """The JSON object, with a key written twice in one object refused."""
     try:
         manifest = json.loads(data, object_pairs_hook=_unique_keys)
     except _DuplicateKey as exc:
@@ -660,6 +724,11 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise FormatError(f"not a shardpack manifest (no \"format\": \"{MANIFEST_FORMAT}\")",
                           path=path)
+    return manifest
+
+
+def _check_manifest_codes(manifest: dict, path: str | None) -> None:
+    """Version, shard format, compression and hash: values this reader knows."""
     version = manifest.get("version")
     if not _is_int(version) or version not in READ_VERSIONS:  # 2.0 == 2, True == 1: refused
         raise VersionError(f"unsupported manifest version: expected one of {READ_VERSIONS}, "
@@ -673,48 +742,50 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
     if manifest.get("hash") != HASH_NAME:
         raise VersionError(f"unknown hash: expected {HASH_NAME!r}, found "
                            f"{manifest.get('hash')!r}", path=path)
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or any(
-            not isinstance(s, dict) or any(k not in s for k in _SHARD_KEYS) for s in shards):
-        raise FormatError(f"manifest shards must be a list of objects with {_SHARD_KEYS}",
+
+
+def _check_shard_entry(number: int, s: dict, shard_format: str, seen: set,
+                       path: str | None) -> None:
+    """Shard entry ``number``: safe file names not used before (``seen``, updated), the names
+    of shard ``number``, counts and hashes of the right types."""
+    for name in (s["name"], s["index"]):
+        if not isinstance(name, str) or "/" in name or "\x00" in name or \
+                name in ("", ".", ".."):
+            raise FormatError(f"manifest names an unsafe shard file {name!r}", path=path)
+        if name in seen:
+            raise FormatError(f"manifest names the file {name!r} twice", path=path)
+        seen.add(name)
+    # entry N is shard N: a swapped or reordered entry (each still matching its own file)
+    # would change which samples have which position.  The suffix is compared with
+    # shard_format by verify and by the index (which records the shard's format).
+    expected = shard_name(number, shard_format)
+    stem = expected[:-len(SHARD_SUFFIX[shard_format])]
+    if s["name"] not in (stem + suffix for suffix in SHARD_SUFFIX.values()) or \
+            s["index"] != index_name(number):
+        raise FormatError(f"manifest shard entry {number} names {s['name']!r} and "
+                          f"{s['index']!r}, expected {expected!r} and "
+                          f"{index_name(number)!r} (entries are numbered in order)"[:300],
                           path=path)
-    seen: set = set()
-    for number, s in enumerate(shards):
-        for name in (s["name"], s["index"]):
-            if not isinstance(name, str) or "/" in name or "\x00" in name or \
-                    name in ("", ".", ".."):
-                raise FormatError(f"manifest names an unsafe shard file {name!r}", path=path)
-            if name in seen:
-                raise FormatError(f"manifest names the file {name!r} twice", path=path)
-            seen.add(name)
-        # entry N is shard N: a swapped or reordered entry (each still matching its own file)
-        # would change which samples have which position.  The suffix is compared with
-        # shard_format by verify and by the index (which records the shard's format).
-        expected = shard_name(number, manifest["shard_format"])
-        stem = expected[:-len(SHARD_SUFFIX[manifest["shard_format"]])]
-        if s["name"] not in (stem + suffix for suffix in SHARD_SUFFIX.values()) or \
-                s["index"] != index_name(number):
-            raise FormatError(f"manifest shard entry {number} names {s['name']!r} and "
-                              f"{s['index']!r}, expected {expected!r} and "
-                              f"{index_name(number)!r} (entries are numbered in order)"[:300],
-                              path=path)
-        for key in ("samples", "bytes", "index_bytes"):
-            if not _count(s[key]):
-                raise FormatError(f"manifest shard {number} ({s['name']}): {key!r} must be a "
-                                  f"non-negative integer, found {s[key]!r}", path=path)
-        # every sample costs at least MIN_INDEX_BYTES of its index: a count the index cannot
-        # hold is refused before anything is sized by it
-        if s["samples"] * MIN_INDEX_BYTES > s["index_bytes"]:
-            raise FormatError(f"manifest shard {number} ({s['name']}) claims {s['samples']:,} "
-                              f"samples, more than its {s['index_bytes']:,}-byte index can hold",
-                              path=path)
-        for key in ("hash", "index_hash"):
-            if not isinstance(s[key], str) or len(s[key]) != 32 or \
-                    s[key].strip("0123456789abcdef"):
-                raise FormatError(f"manifest shard {number} ({s['name']}): {key!r} must be 32 "
-                                  f"hex digits", path=path)
-    if sum(s["samples"] for s in shards) >= MAX_COUNT:
-        raise FormatError("manifest shards hold more samples than any dataset can", path=path)
+    for key in ("samples", "bytes", "index_bytes"):
+        if not _count(s[key]):
+            raise FormatError(f"manifest shard {number} ({s['name']}): {key!r} must be a "
+                              f"non-negative integer, found {s[key]!r}", path=path)
+    # every sample costs at least MIN_INDEX_BYTES of its index: a count the index cannot
+    # hold is refused before anything is sized by it
+    if s["samples"] * MIN_INDEX_BYTES > s["index_bytes"]:
+        raise FormatError(f"manifest shard {number} ({s['name']}) claims {s['samples']:,} "
+                          f"samples, more than its {s['index_bytes']:,}-byte index can hold",
+                          path=path)
+    for key in ("hash", "index_hash"):
+        if not isinstance(s[key], str) or len(s[key]) != 32 or \
+                s[key].strip("0123456789abcdef"):
+            raise FormatError(f"manifest shard {number} ({s['name']}): {key!r} must be 32 "
+                              f"hex digits", path=path)
+
+
+def _check_manifest_values(manifest: dict, path: str | None) -> None:
+    """The top-level values besides the shards: counts, fields, classes, notes, layout, and
+    the optional ``part`` and ``merged_from``."""
     for key in ("num_samples", "num_shards", "num_bytes"):
         if key in manifest and not _count(manifest[key]):
             raise FormatError(f"manifest {key!r} must be a non-negative integer, found "
@@ -738,7 +809,6 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
     if merged is not None and not (_count(merged) and merged >= 1):
         raise FormatError(f"manifest 'merged_from' must be a positive integer, found "
                           f"{merged!r}"[:300], path=path)
-    return manifest
 
 
 class _DuplicateKey(ValueError):

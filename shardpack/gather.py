@@ -210,7 +210,8 @@ def _bad_label(reader, shard: int, field: str, src, starts, sizes, rows, exc):
     label ``int()`` refuses."""
     from .errors import FormatError
 
-    for start, size, row in zip(starts.tolist(), sizes.tolist(), rows.tolist()):
+    for start, size, row in zip(starts.tolist(), sizes.tolist(), rows.tolist(),
+                                strict=True):
         text = src[start:start + size].tobytes()
         try:
             int(text)
@@ -227,7 +228,8 @@ def _parse_ints(field: str, src: np.ndarray, starts: np.ndarray,
     """Labels that ``int()`` accepts (signs, surrounding whitespace); ValueError otherwise."""
     try:
         return np.array([int(src[p:p + k].tobytes()) for p, k in
-                         zip(starts.tolist(), sizes.tolist())], dtype=np.int64)
+                         zip(starts.tolist(), sizes.tolist(), strict=True)],
+                        dtype=np.int64)
     except ValueError:
         raise ValueError(f"field {field!r} holds a value that is not an integer, "
                          "or is missing from some samples") from None

@@ -283,8 +283,8 @@ def _read_index(part: _Part, number: int) -> fmt.ShardIndex:
 def _key_hashes(index: fmt.ShardIndex) -> np.ndarray:
     blob, offsets = memoryview(index.key_blob), index.key_offsets.tolist()
     h = xxhash.xxh3_64_intdigest
-    return np.fromiter((h(blob[a:b]) for a, b in zip(offsets, offsets[1:])), dtype=np.uint64,
-                       count=index.num_samples)
+    return np.fromiter((h(blob[a:b]) for a, b in zip(offsets, offsets[1:], strict=False)),
+                       dtype=np.uint64, count=index.num_samples)
 
 
 def _check_keys(parts: list[_Part], progress: bool) -> set:

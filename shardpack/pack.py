@@ -9,6 +9,7 @@ index is in place, and removed first by ``--overwrite``, so a reader never sees 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -427,8 +428,9 @@ def _result(task: ShardTask, future: Future, files: _FileProgress | None = None
     except ShardpackError:
         raise
     except Exception as exc:  # a worker died (BrokenProcessPool) or an unexpected error
-        if isinstance(exc, OSError) and exc.errno == 28:
-            raise PackError("out of disk space", hint="free some space, then rerun with --resume") from None
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise PackError("out of disk space",
+                            hint="free some space, then rerun with --resume") from None
         raise PackError(f"writing shard {task.number} failed: {type(exc).__name__}: {exc}",
                         hint="rerun with --resume to keep the shards already written") from exc
 

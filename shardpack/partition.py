@@ -101,8 +101,8 @@ def _shuffled(starts: np.ndarray, sizes: np.ndarray, rng, block_size: int,
     """Ids of the runs ``starts[i] .. starts[i] + sizes[i]``, cut into blocks (never across
     runs), blocks permuted, then each window of ``window`` shuffled on its own."""
     total = int(sizes.sum())
-    block_starts = np.concatenate([s + np.arange(0, n, block_size) for s, n in zip(starts, sizes)
-                                   if n > 0])
+    block_starts = np.concatenate([s + np.arange(0, n, block_size)
+                                   for s, n in zip(starts, sizes, strict=True) if n > 0])
     block_ends = np.minimum(block_starts + block_size,
                             np.repeat(starts + sizes, [-(-n // block_size) for n in sizes]))
     perm = rng.permutation(len(block_starts))
@@ -152,17 +152,6 @@ def worker_split(share: Share, num_workers: int, worker: int, batch_size: int = 
     positions = np.arange(len(share))
     mine = (positions // batch_size) % num_workers == worker
     return share[mine]
-
-
-def worker_consumed(share: Share, num_workers: int, batch_size: int,
-                    per_worker: Sequence[int]) -> np.ndarray:
-    """Positions (in the rank's share) consumed when worker w has yielded ``per_worker[w]``."""
-    positions = np.arange(len(share))
-    owner = (positions // max(1, batch_size)) % max(1, num_workers)
-    taken = np.zeros(len(share), dtype=bool)
-    for w, count in enumerate(per_worker):
-        taken[np.flatnonzero(owner == w)[:count]] = True
-    return taken
 
 
 def resume_sequences(order: np.ndarray, history: Sequence[tuple[int, int]], world: int,

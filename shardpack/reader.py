@@ -39,7 +39,7 @@ class DatasetReader:
 
     def __init__(self, url, storage_options: dict | None = None, *, cache_dir=None,
                  cache_limit="50GB", prefetch: int = 2, trust_storage: bool = False,
-                 burst: Burst = Burst()):
+                 burst: Burst | None = None):
         """``trust_storage``: skip the per-sample hash check (:meth:`check_rows`) for storage
         the user trusts; shard identity at mapping and index hashes are still checked."""
         self.storage = Storage(url, storage_options)
@@ -59,7 +59,8 @@ class DatasetReader:
         mean = self.manifest.get("num_bytes", 0) / max(1, int(self.offsets[-1]))
         self.access = make_access(self.storage, self.shards, index=self.index,
                                   cache_dir=cache_dir, cache_limit=cache_limit,
-                                  prefetch=prefetch, burst=burst, mean_sample=mean)
+                                  prefetch=prefetch, burst=burst or Burst(),
+                                  mean_sample=mean)
         self._init_process_state()
 
     @property
@@ -284,7 +285,8 @@ class DatasetReader:
             list(pool.map(self.index, missing))  # the indexes, fetched side by side
         wanted = set(missing)
         spans = sorted({(s, r) + self.index(s).span(r)
-                        for s, r in zip(shards.tolist(), rows.tolist()) if s in wanted})
+                        for s, r in zip(shards.tolist(), rows.tolist(), strict=True)
+                        if s in wanted})
         requests: list[list] = []  # [shard, start, end, [(row, start, end), ...]]
         for shard, row, start, end in spans:
             last = requests[-1] if requests else None
@@ -298,7 +300,7 @@ class DatasetReader:
         got = self.storage.read_ranges([(self.shards[shard]["name"], first, last)
                                         for shard, first, last, _ in requests])
         pieces = {}
-        for (shard, first, _, members), data in zip(requests, got):
+        for (shard, first, _, members), data in zip(requests, got, strict=True):
             data, index = memoryview(data), self.index(shard)
             for row, start, end in members:
                 piece = data[start - first:end - first]

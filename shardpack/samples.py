@@ -27,6 +27,7 @@ leading outside SRC, symlink loops, names that are not UTF-8, two images with on
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import stat
@@ -72,10 +73,6 @@ class SourceSample(NamedTuple):
     fields: tuple[SourceField, ...]  # sorted by name
     block: int = 0  # > 0: this sample starts a source block read as a whole (a Parquet row
     #                 group) of about this many bytes; the planner avoids cutting blocks
-
-    @property
-    def nbytes(self) -> int:
-        return sum(f.size for f in self.fields)
 
 
 @dataclass
@@ -599,7 +596,7 @@ class Source:
             else:
                 st = entry.stat(follow_symlinks=False)
         except OSError as exc:
-            if exc.errno == 40:  # ELOOP
+            if exc.errno == errno.ELOOP:
                 self._bad(path, "symlink loop", "link-loop")
             elif isinstance(exc, FileNotFoundError):
                 self._bad(path, "broken symlink or file vanished during the walk", "missing")

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-__all__ = ["IterableDataset", "Placement", "dist", "get_worker_info", "placement", "settle_worker",
-           "torch"]
+__all__ = ["DataLoader", "IterableDataset", "Placement", "dist", "get_worker_info", "placement",
+           "settle_worker", "torch"]
 
 
 @dataclass(frozen=True)

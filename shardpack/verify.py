@@ -141,19 +141,7 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     report.versions.add(index.version)
     report.fields.update(index.fields)
     report.writer_skips += index.skipped
-    problems_here = []
-    m = reader.manifest
-    for what, found, indexed in (("shard_format", m.get("shard_format"), index.shard_format),
-                                 ("compression", m.get("compression"), index.compression)):
-        if found != indexed:
-            problems_here.append(Problem(path, f"the manifest's {what} is {found!r}, this "
-                                               f"shard's index says {indexed!r}"))
-    if index.shard_hash.hex() != entry["hash"]:
-        problems_here.append(Problem(path, "the manifest's hash of this shard differs from the "
-                                           "one its index records"))
-    if not entry["name"].endswith(fmt.SHARD_SUFFIX[index.shard_format]):
-        problems_here.append(Problem(path, f"a {index.shard_format} shard named "
-                                           f"{entry['name']!r}"))
+    problems_here = _index_against_manifest(reader.manifest, entry, index, path)
     if problems_here:
         return problems_here
     try:
@@ -161,6 +149,39 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     except ShardpackError as exc:
         return [Problem(path, exc.message)]
     report.bytes += len(data)
+    problems = _shard_file_problems(entry, index, data, path)
+    # undecodable images: reported after the structural checks
+    found, images = _sample_problems(reader.manifest, index, data, path, report, decode)
+    problems += found
+    if index.shard_format == "tar" and not problems:
+        tail = data[int(index.starts[-1]):]
+        if tail != fmt.TAR_END:
+            problems.append(Problem(path, "tar shard does not end with two zero blocks"))
+    return problems + images
+
+
+def _index_against_manifest(m: dict, entry: dict, index: fmt.ShardIndex,
+                            path: str) -> list[Problem]:
+    """Where the shard's index and its manifest entry disagree (format, compression, hash,
+    the name's suffix)."""
+    problems = []
+    for what, found, indexed in (("shard_format", m.get("shard_format"), index.shard_format),
+                                 ("compression", m.get("compression"), index.compression)):
+        if found != indexed:
+            problems.append(Problem(path, f"the manifest's {what} is {found!r}, this "
+                                          f"shard's index says {indexed!r}"))
+    if index.shard_hash.hex() != entry["hash"]:
+        problems.append(Problem(path, "the manifest's hash of this shard differs from the "
+                                      "one its index records"))
+    if not entry["name"].endswith(fmt.SHARD_SUFFIX[index.shard_format]):
+        problems.append(Problem(path, f"a {index.shard_format} shard named "
+                                      f"{entry['name']!r}"))
+    return problems
+
+
+def _shard_file_problems(entry: dict, index: fmt.ShardIndex, data: bytes,
+                         path: str) -> list[Problem]:
+    """The shard file's size and hash against the manifest; a msgpack shard's file header."""
     problems = []
     if len(data) != entry["bytes"]:
         problems.append(Problem(path, f"shard is {len(data)} bytes, the manifest says "
@@ -172,13 +193,21 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
             fmt.check_msgpack_file_header(data[:fmt.MSGPACK_HEADER.size])
         except ShardpackError as exc:
             problems.append(Problem(path, exc.message))
+    return problems
+
+
+def _sample_problems(m: dict, index: fmt.ShardIndex, data: bytes, path: str,
+                     report: VerifyReport, decode: bool) -> tuple[list[Problem], list[Problem]]:
+    """(structural problems, undecodable images) of the shard's samples, each checked against
+    its hash, its structure, and (``decode``) its images."""
     view = memoryview(data)
-    images: list[Problem] = []  # undecodable images: reported after the structural checks
+    problems: list[Problem] = []
+    images: list[Problem] = []
     # ImageFolder packs: each sample's cls against the classes and its key's class folder
     # (a list, even an empty one: [] must still be compared with the labels)
-    classes = reader.manifest.get("classes")
+    classes = m.get("classes")
     cls_column = ("cls" if "cls" in index.fields and isinstance(classes, list)
-                  and reader.manifest.get("layout") == "imagefolder" else None)
+                  and m.get("layout") == "imagefolder" else None)
     for row in range(index.num_samples):
         report.samples += 1
         start, end = index.span(row)
@@ -203,11 +232,7 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
             why = _note_cls(index, row, record, path, report, key, classes)
             if why:
                 problems.append(Problem(path, why, key))
-    if index.shard_format == "tar" and not problems:
-        tail = data[int(index.starts[-1]):]
-        if tail != fmt.TAR_END:
-            problems.append(Problem(path, "tar shard does not end with two zero blocks"))
-    return problems + images
+    return problems, images
 
 
 def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report, key: str,

@@ -274,10 +274,12 @@ class RemoteFiles:
                 storage = self.storages[parent] = Storage(parent, self.options)
             names = [g.path.rpartition("/")[2] for g in files]
             try:
-                datas = storage.read_ranges([(n, 0, g.size) for n, g in zip(names, files)])
+                datas = storage.read_ranges([(n, 0, g.size)
+                                             for n, g in zip(names, files, strict=True)])
             except (ShardpackError, OSError):  # one short or missing file spoils the batch:
-                datas = [self._one(storage, n, g) for n, g in zip(names, files)]  # one by one
-            for g, data in zip(files, datas):
+                datas = [self._one(storage, n, g)  # one by one
+                         for n, g in zip(names, files, strict=True)]
+            for g, data in zip(files, datas, strict=True):
                 if not isinstance(data, SourceError) and len(data) < g.size:
                     data = SourceError(f"file changed during the pack (size {g.size} -> "
                                        f"{len(data)})", path=g.path,
@@ -337,9 +339,9 @@ class RowReader:
     def _load(self, f: SourceField) -> None:
         import bisect
 
-        from .sources.parquet import _pyarrow
+        from .sources.parquet import import_pyarrow
 
-        _pyarrow()  # the allocator setting, when this process imports pyarrow first
+        import_pyarrow()  # the allocator setting, when this process imports pyarrow first
         import pyarrow.parquet as pq
 
         if f.path not in self.files:
@@ -466,7 +468,7 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
                 stored = compressor.compress(payload) if compressor else payload
                 record = fmt.record_header(stored, len(payload), compressor is not None) + stored
                 raw_size = len(payload)
-            for (name, _), off in zip(fields, offsets):
+            for (name, _), off in zip(fields, offsets, strict=True):
                 offsets_row[column[name]] = off
             field_offsets += offsets_row
             field_sizes += sizes_row

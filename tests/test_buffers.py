@@ -1,6 +1,7 @@
 """Batch buffers reused between DataLoader workers and the trainer (shardpack.buffers), and Keys."""
 
 import copy
+import functools
 import gc
 import os
 import pickle
@@ -52,7 +53,7 @@ def _as_sender(fn):
 def _check(batch, expected):
     keys = batch["__key__"]
     assert isinstance(keys, shardpack.Keys) and len(keys) == len(batch["bin"])
-    for key, value, label in zip(keys, batch["bin"].items(), batch["cls"].tolist()):
+    for key, value, label in zip(keys, batch["bin"].items(), batch["cls"].tolist(), strict=True):
         assert expected[key] == value, key
         assert label == int(key[1]), key  # ImageFolder class of c0/ or c1/: labels parsed, memo
 
@@ -100,7 +101,7 @@ def test_a_field_replaced_in_the_worker_gives_its_slot_back(packed):
     ds = ShardDataset(path, batch_size=B, batched=True, transform=drop_bytes)
     sizes = {}
     for batch in DataLoader(ds, batch_size=None, num_workers=1):
-        sizes.update(zip(batch["__key__"], batch["size"].tolist()))
+        sizes.update(zip(batch["__key__"], batch["size"].tolist(), strict=True))
     assert sizes == {k: len(v) for k, v in expected.items()}
     assert ds._pool.free_slots() == ds._pool.slots  # the worker released what it never sent
 
@@ -149,7 +150,7 @@ def test_sent_batch_rebuilds_as_a_view_and_frees_on_death():
     data.numpy()[:] = 7
     batch["bin"] = BytesBatch(data, torch.tensor([0, SLOT_MIN]))
     assert len(pickle.dumps(batch)) > SLOT_MIN  # pickled by user code: by value, not sent
-    blob = _as_sender(lambda: pickle.dumps(batch))
+    blob = _as_sender(functools.partial(pickle.dumps, batch))
     assert len(blob) < 1000  # the bytes stayed in the slot
     del batch, data
     gc.collect()

@@ -70,10 +70,12 @@ def encoded(img, fmt, path):
 
 images = []
 for i in range(N):
-    noise = PILImage.frombytes("RGB", (9 + i, 7), rng.integers(0, 256, 3 * 7 * (9 + i), dtype=np.uint8).tobytes())
+    noise = PILImage.frombytes("RGB", (9 + i, 7),
+                               rng.integers(0, 256, 3 * 7 * (9 + i), dtype=np.uint8).tobytes())
     jpg = os.path.join(FILES, f"{i}.jpg"); pngf = os.path.join(FILES, f"{i}.png")
+    pix = PILImage.frombytes("RGB", (3, 2), rng.integers(0, 256, 18, dtype=np.uint8).tobytes())
     images.append((jpg, encoded(noise, "JPEG", jpg), pngf, encoded(noise.convert("L"), "PNG", pngf),
-                   PILImage.frombytes("RGB", (3, 2), rng.integers(0, 256, 18, dtype=np.uint8).tobytes())))
+                   pix))
 expected = {}
 
 # -- MDS --------------------------------------------------------------------------------------
@@ -83,7 +85,8 @@ columns = {"image": "jpeg", "mask": "png", "raw": "bytes", "caption": "str", "cl
 
 def mds_sample(i):
     jpg, jpg_bytes, _, png_bytes, pix = images[i]
-    image = jpg_bytes if i % 2 else PILImage.open(io.BytesIO(jpg_bytes)).convert("RGB")  # bytes or PIL
+    # bytes or PIL
+    image = jpg_bytes if i % 2 else PILImage.open(io.BytesIO(jpg_bytes)).convert("RGB")
     return {"image": image, "mask": png_bytes, "raw": bytes(range(i, i + 5)) + b"\0\xff",
             "caption": f"caption {i} \u00e9\u4e2d", "cls": i % 3 - (i == 5) * 10,
             "meta": {"i": i, "tags": ["a", "b"][: i % 2 + 1]}, "score": np.float32(i * 0.25),
@@ -92,8 +95,9 @@ def mds_sample(i):
             "pix": pix, "seg.png": png_bytes}
 
 def mds_expected(i, s):
-    return {"image": hexed(mds_encode("jpeg", s["image"])), "mask": hexed(s["mask"]), "raw": hexed(s["raw"]),
-            "caption": text(s["caption"]), "cls": text(str(s["cls"])), "meta": {"json": s["meta"]},
+    return {"image": hexed(mds_encode("jpeg", s["image"])), "mask": hexed(s["mask"]),
+            "raw": hexed(s["raw"]), "caption": text(s["caption"]), "cls": text(str(s["cls"])),
+            "meta": {"json": s["meta"]},
             "score": text(repr(i * 0.25)), "small": text(str(i * 37 % 256)), "vec": npy(s["vec"]),
             "grid": npy(s["grid"]), "big": text(str(10 ** 12 + i)), "pix": png(s["pix"]),
             "seg.png": hexed(s["seg.png"])}
@@ -109,18 +113,21 @@ with MDSWriter(out=os.path.join(OUT, "mds_pkl"), columns={"obj": "pkl", "cls": "
     objs = [Fraction(i, 7) for i in range(N)]
     for i, obj in enumerate(objs):
         w.write({"obj": obj, "cls": i})
-expected["mds_pkl"] = [{"obj": hexed(mds_encode("pkl", o)), "cls": text(str(i))} for i, o in enumerate(objs)]
+expected["mds_pkl"] = [{"obj": hexed(mds_encode("pkl", o)), "cls": text(str(i))}
+                       for i, o in enumerate(objs)]
 
 # -- LitData ----------------------------------------------------------------------------------
 def ld_sample(i):
     jpg, _, pngf, _, pix = images[i]
-    return {"image": PILImage.open(jpg), "mask": LDImage(path=pngf), "raw": bytes(range(i, i + 5)) + b"\0\xff",
-            "caption": f"caption {i} \u00e9\u4e2d", "cls": i % 3 - (i == 5) * 10, "score": i * 0.1,
+    return {"image": PILImage.open(jpg), "mask": LDImage(path=pngf),
+            "raw": bytes(range(i, i + 5)) + b"\0\xff", "caption": f"caption {i} \u00e9\u4e2d",
+            "cls": i % 3 - (i == 5) * 10, "score": i * 0.1,
             "flag": i % 2 == 0, "grid": (np.arange(6, dtype=np.int16) - 3 * i).reshape(2, 3),
             "vec": np.arange(i + 1, dtype=np.float32) * 0.5,
             "t": torch.arange(6, dtype=torch.float32).reshape(3, 2) * i,
             "tv": torch.arange(i + 2, dtype=torch.int64) - 1, "tags": ["a", "b", "c"][: i % 3 + 1],
-            "rows": [{"a": i, "b": "x\u00e9", "c": None, "d": 1.5, "e": True}, {"a": -i, "b": "", "c": None, "d": 0.1, "e": False}],
+            "rows": [{"a": i, "b": "x\u00e9", "c": None, "d": 1.5, "e": True},
+                     {"a": -i, "b": "", "c": None, "d": 0.1, "e": False}],
             "mixed": [i, "s", None, [1.5, {"k": "v"}]], "nums": [i, 2 ** 40, -3],
             "pix": pix}
 
@@ -137,7 +144,8 @@ def ld_expected(i):
 def ld_tuple(i):
     return (bytes([i]) * 3, Fraction(i, 3))
 
-for name, options in (("ld_plain", {}), ("ld_batch", {"compression": "zstd", "compression_batch_size": 2}),
+for name, options in (("ld_plain", {}),
+                      ("ld_batch", {"compression": "zstd", "compression_batch_size": 2}),
                       ("ld_chunk", {"compression": "zstd", "compression_level": "chunk"}),
                       ("ld_sample", {"compression": "zstd", "compression_level": "sample"})):
     optimize(fn=ld_sample, inputs=list(range(N)), output_dir=os.path.join(OUT, name), chunk_size=3,
@@ -145,7 +153,8 @@ for name, options in (("ld_plain", {}), ("ld_batch", {"compression": "zstd", "co
     expected[name] = [ld_expected(i) for i in range(N)]
 optimize(fn=ld_tuple, inputs=list(range(N)), output_dir=os.path.join(OUT, "ld_pkl"), chunk_size=3,
          num_workers=1, start_method="fork", verbose=False)
-expected["ld_pkl"] = [{"0": hexed(ld_tuple(i)[0]), "1": hexed(pickle.dumps(ld_tuple(i)[1]))} for i in range(N)]
+expected["ld_pkl"] = [{"0": hexed(ld_tuple(i)[0]), "1": hexed(pickle.dumps(ld_tuple(i)[1]))}
+                      for i in range(N)]
 with open(os.path.join(OUT, "expected.json"), "w") as f:
     json.dump(expected, f)
 '''

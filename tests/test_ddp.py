@@ -34,7 +34,8 @@ def _run_rank(rank, world, port, path, out_dir, epochs):
             ds.set_epoch(epoch)
             seen, steps = [], 0
             for batch in loader:
-                seen += list(zip(batch["__index__"].tolist(), batch["__repeat__"].tolist()))
+                seen += list(zip(batch["__index__"].tolist(), batch["__repeat__"].tolist(),
+                                 strict=True))
                 step = torch.ones(1)
                 dist.all_reduce(step)  # a collective per step, as DDP does: a rank running
                 steps += 1             # dry early would hang here

@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 import shardpack
 from shardpack import DeviceLoader, ShardDataset
-from shardpack.decode import CpuDecode, CropOptions, _Random, decode_image, reference_decode
+from shardpack.decode import (CpuDecode, CropOptions, SampleRandom, decode_image,
+                              reference_decode)
 from shardpack.errors import DecodeError
 
 from .conftest import make_tree
@@ -41,8 +42,8 @@ def test_fast_decode_matches_pillow_reference(photos, train):
     opts = CropOptions(size=224, train=train)
     means = []
     for i, data in enumerate(photos):
-        fast = decode_image(data, opts, _Random(0, 0, i))
-        ref = reference_decode(data, opts, _Random(0, 0, i))
+        fast = decode_image(data, opts, SampleRandom(0, 0, i))
+        ref = reference_decode(data, opts, SampleRandom(0, 0, i))
         assert fast.shape == ref.shape == (224, 224, 3) and fast.dtype == np.uint8
         means.append(np.abs(fast.astype(int) - ref.astype(int)).mean())
     # DCT-scaled decode (the 1200 and 2000 px images) and a different resize kernel differ a
@@ -52,9 +53,9 @@ def test_fast_decode_matches_pillow_reference(photos, train):
 
 def test_crops_are_deterministic_per_epoch_and_index(photos):
     opts = CropOptions(size=64)
-    a = decode_image(photos[0], opts, _Random(3, 1, 42))
-    assert np.array_equal(a, decode_image(photos[0], opts, _Random(3, 1, 42)))
-    others = [decode_image(photos[0], opts, _Random(3, e, i)) for e, i in [(2, 42), (1, 43)]]
+    a = decode_image(photos[0], opts, SampleRandom(3, 1, 42))
+    assert np.array_equal(a, decode_image(photos[0], opts, SampleRandom(3, 1, 42)))
+    others = [decode_image(photos[0], opts, SampleRandom(3, e, i)) for e, i in [(2, 42), (1, 43)]]
     assert not any(np.array_equal(a, o) for o in others)
 
 
@@ -172,7 +173,7 @@ def test_gpu_decode_close_to_cpu(image_ds):
                           decode=CpuDecode(64, on_error="skip"))
     cpu = DeviceLoader(DataLoader(cpu_ds, batch_size=None), device="cuda", decode="cpu",
                        normalize=False)
-    for g, c in zip(gpu, cpu):
+    for g, c in zip(gpu, cpu, strict=True):
         diff = (g["image"].float() - c["image"].float()).abs().mean()
         assert diff < 6
     assert gpu.stats["cpu_fallbacks"] == 1  # the broken JPEG
@@ -228,7 +229,7 @@ def test_head_start_worker_0_decodes_the_first_batch_on_every_cpu(image_ds):
     assert all(s[0] == 0 for s in spy[2:])
     assert ds.decode._head._page.value == 1  # the page the workers wrote (epoch 0, 1st pass)
     assert [b["spy"].tolist()[0] for b in plain] == [0] * len(plain)
-    for a, b in zip(fast, plain):  # threads change nothing in the images
+    for a, b in zip(fast, plain, strict=True):  # threads change nothing in the images
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["__bad__"], b["__bad__"])
 
 

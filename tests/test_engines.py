@@ -24,7 +24,7 @@ from shardpack.errors import ShardpackError
 from shardpack.plan import part_of
 from shardpack.samples import Source
 
-from .conftest import fake_jpeg, make_tree
+from .conftest import make_tree
 from .servers import s3_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,8 @@ from shardpack.reader import DatasetReader, open_reader
 
 from .conftest import make_tree, read_tree, run_cli
 
-export_module = importlib.import_module("shardpack.export")  # the module: shardpack.export is the function
+# the module: shardpack.export is the function
+export_module = importlib.import_module("shardpack.export")
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,7 +131,7 @@ def test_parquet(imagefolder, tmp_path, monkeypatch):
     rows = table.to_pylist()
     assert [r["__key__"] for r in rows] == [s["__key__"] for s in expected]
     assert [r["cls"] for r in rows] == [int(s["cls"]) for s in expected]
-    for row, sample in zip(rows, expected):
+    for row, sample in zip(rows, expected, strict=True):
         for name in ("png", "jpg", "json"):
             assert row[name] == sample.get(name)  # None where the sample lacks the field
     meta = table.schema.metadata

@@ -214,7 +214,7 @@ def test_manifest_refuses_unsafe_shard_names():
 def test_payload_offsets_point_at_field_bytes():
     fields = [("cls", b"3"), ("jpg", b"\xff\xd8" * 200), ("json", b"{}")]
     payload, offsets = fmt.encode_payload("a/b", fields)
-    for (name, data), off in zip(fields, offsets):
+    for (_, data), off in zip(fields, offsets, strict=True):
         assert payload[off:off + len(data)] == data
     obj = fmt.decode_payload(payload, max_fields=3)
     assert obj == {"__key__": "a/b", "cls": b"3", "jpg": b"\xff\xd8" * 200, "json": b"{}"}

@@ -10,7 +10,6 @@ import resource
 import struct
 
 import numpy as np
-import pytest
 import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

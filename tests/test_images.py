@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from shardpack import images
-from shardpack.decode import CropOptions, _Random, decode_image, reference_decode
+from shardpack.decode import CropOptions, SampleRandom, decode_image, reference_decode
 from shardpack.errors import DecodeError, SourceError
 from shardpack.images import check_image, check_image_full, decode_rgb, image_format, sniff
 from shardpack.resize import resize_image
@@ -313,9 +313,9 @@ def test_decode_image_matches_reference_on_every_format(name, train):
     opts = CropOptions(size=24, train=train)
     diffs = []
     for index in range(4):
-        rnd = _Random(0, 0, index) if train else None
+        rnd = SampleRandom(0, 0, index) if train else None
         fast = decode_image(np.frombuffer(data, np.uint8), opts, rnd)  # as CpuDecode passes it
-        ref = reference_decode(data, opts, _Random(0, 0, index) if train else None)
+        ref = reference_decode(data, opts, SampleRandom(0, 0, index) if train else None)
         assert fast.shape == ref.shape == (24, 24, 3) and fast.dtype == np.uint8
         diffs.append(_diff(fast, ref))
     # measured <= ~5 here (torch vs Pillow resize kernels on tiny, noisy crops, fast DCT); a
@@ -329,7 +329,7 @@ def test_decode_image_and_reference_keep_16_bit_high_bytes():
     Image.fromarray(np.full((30, 40), value, np.uint16)).save(out, "PNG")
     for fn in (decode_image, reference_decode):
         for train in (True, False):
-            pixels = fn(out.getvalue(), CropOptions(size=16, train=train), _Random(0, 0, 1))
+            pixels = fn(out.getvalue(), CropOptions(size=16, train=train), SampleRandom(0, 0, 1))
             assert np.all(pixels == value >> 8), fn
 
 

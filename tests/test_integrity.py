@@ -145,12 +145,12 @@ def test_overwrite_while_reading_never_mixes_versions(tmp_path):
         it = iter(ds)
         try:
             first = next(it)
-            got += list(zip(first["__key__"], first["jpg"].items())) if batched else \
+            got += list(zip(first["__key__"], first["jpg"].items(), strict=True)) if batched else \
                 [(first["__key__"], bytes(first["jpg"]))]
             shardpack.pack(new_src, out, workers=1, max_samples=6, overwrite=True)
             for item in it:
-                got += list(zip(item["__key__"], item["jpg"].items())) if batched else \
-                    [(item["__key__"], bytes(item["jpg"]))]
+                got += list(zip(item["__key__"], item["jpg"].items(), strict=True)) \
+                    if batched else [(item["__key__"], bytes(item["jpg"]))]
         except ShardpackError:
             raised = True
         assert all(old[k] == bytes(v) for k, v in got), "a sample of the new version leaked"

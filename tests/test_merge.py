@@ -312,7 +312,7 @@ def test_remote_parts_and_out(parts, tmp_path):
     base = "memory://shardpack-merge-test"
     try:
         remote_parts = []
-        for i, p in enumerate(parts):
+        for i in range(len(parts)):
             src = tmp_path / f"src-{'abc'[i]}"
             shardpack.pack(src, f"{base}/p{i}", workers=1, max_samples=2,
                            skip_bad=i == 2)  # as the fixture packed them: the same bytes

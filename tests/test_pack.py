@@ -232,7 +232,7 @@ def test_readahead_hints_the_next_files_in_order_within_bounds(tmp_path, monkeyp
     monkeypatch.setattr(writer.Readahead, "AHEAD_BYTES", 250)  # 3 files of 100 bytes pass it
     ahead = writer.Readahead(samples)
     seen, window = [], []
-    for n, sample in enumerate(samples):
+    for n in range(len(samples)):
         ahead.advance()
         seen.append(list(hinted))
         window.append(ahead.next - ahead.ends[n])

@@ -99,7 +99,7 @@ def test_resume_yields_each_remaining_sample_once(old_world, new_world, k):
     assert set(fresh) == set(range(n)) - consumed
     assert len({len(s) for s in after}) == 1  # still equal counts per rank
     if new_world == old_world:  # same layout: the same order, continued
-        for b, a in zip(before, after):
+        for b, a in zip(before, after, strict=True):
             assert list(a.ids) == list(b.ids[k:])
 
 
@@ -109,10 +109,11 @@ def test_chained_elastic_resumes():
     history = []
     for world, k in [(2, 30), (3, 20), (1, 50)]:
         shares = P.resume_sequences(order, history, world)
-        seen += [i for s in shares for i, rep in zip(s.ids[:k], s.repeat[:k]) if not rep]
+        seen += [i for s in shares
+                 for i, rep in zip(s.ids[:k], s.repeat[:k], strict=True) if not rep]
         history.append((world, k))
     shares = P.resume_sequences(order, history, 4)
-    seen += [i for s in shares for i, rep in zip(s.ids, s.repeat) if not rep]
+    seen += [i for s in shares for i, rep in zip(s.ids, s.repeat, strict=True) if not rep]
     assert sorted(seen) == list(range(500))
 
 

@@ -404,7 +404,7 @@ def test_fast_start_bad_piece_falls_back_to_whole_shards(local_ds, http_server, 
         reader.fetch_pieces(list(range(0, N, 7)))
     ds = ShardDataset(server.url, cache_dir=tmp_path / "c2", seed=1, batch_size=8,
                       batched=True, prefetch=2)
-    got = {k: v for b in ds for k, v in zip(b["__key__"], b["bin"].items())}
+    got = {k: v for b in ds for k, v in zip(b["__key__"], b["bin"].items(), strict=True)}
     assert got == {k: s["bin"] for k, s in expected.items()}
     assert ds.stats["fast_start_requests"] == 0
 

@@ -44,7 +44,7 @@ def raw_get(port: int, path: str, headers: str = "", timeout: float = 5.0) -> tu
         return received, "eof"
 
 
-# --- nginx -----------------------------------------------------------------------------------------
+# --- nginx ----------------------------------------------------------------------------------------
 
 def test_nginx_serves_ranges_and_counts_requests(http_server, www):
     root, files = www
@@ -93,7 +93,7 @@ def test_nginx_stops(http_server, www):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
-# --- delay proxy -----------------------------------------------------------------------------------
+# --- delay proxy ----------------------------------------------------------------------------------
 
 def test_delay_proxy_adds_the_delay_each_way(fault_server, delay_proxy, www):
     root, files = www
@@ -179,7 +179,7 @@ def test_delay_proxy_passes_resets_on_and_stops_cleanly(fault_server, www):
         socket.create_connection(("127.0.0.1", proxy.port), timeout=1).close()
 
 
-# --- fault server ----------------------------------------------------------------------------------
+# --- fault server ---------------------------------------------------------------------------------
 
 def test_parse_range():
     assert parse_range("bytes=0-9", 100) == (0, 10)
@@ -297,7 +297,7 @@ def test_fault_server_mode_is_validated(www):
     assert not FaultMode().misbehaves
 
 
-# --- S3 --------------------------------------------------------------------------------------------
+# --- S3 -------------------------------------------------------------------------------------------
 
 def test_s3_put_then_read_a_range(s3_server):
     assert s3_server.startup_s is not None and s3_server.startup_s < 10

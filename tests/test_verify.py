@@ -150,7 +150,8 @@ def _files_layout(tmp_path):
 
 
 def _edit(out, change) -> dict:
-    """Apply ``change`` (a function of the manifest dict) to OUT's manifest; return the clean one."""
+    """Apply ``change`` (a function of the manifest dict) to OUT's manifest; return the clean
+    one."""
     path = out / fmt.MANIFEST_NAME
     clean = json.loads(path.read_text())
     manifest = json.loads(path.read_text())
@@ -262,7 +263,7 @@ def test_a_class_list_on_a_files_layout_is_refused(tmp_path):
     would describe labels nothing assigned (their cls came from .cls sidecars)."""
     out = _files_layout(tmp_path)
     for classes in (["c0", "c1"], [], ["a", "b", "c"]):
-        _edit(out, lambda m: m.update(classes=classes))
+        _edit(out, lambda m, classes=classes: m.update(classes=classes))
         _reader_refuses(out, r"layout 'files' has no class folders: 'classes' must be null, "
                              f"found a list of {len(classes)}")
     _edit(out, lambda m: m.update(layout="listing", group=None, classes=["a"]))
@@ -406,11 +407,11 @@ def test_informational_keys_have_their_types(tmp_path, key, value, needle):
 def test_keys_pack_always_writes_are_required_by_verify(tmp_path):
     out = _files_layout(tmp_path)
     for key in ("hidden", "skipped", "preprocessing", "classes", "layout"):
-        clean = _edit(out, lambda m: m.pop(key))
+        clean = _edit(out, lambda m, key=key: m.pop(key))
         _verify_says(out, f"the {key!r} key is missing")
         (out / fmt.MANIFEST_NAME).write_text(json.dumps(clean))
     for key in ("group", "ignored"):  # optional (older packs did not write them)
-        clean = _edit(out, lambda m: m.pop(key))
+        clean = _edit(out, lambda m, key=key: m.pop(key))
         assert run_cli("verify", out).exit_code == 0
         (out / fmt.MANIFEST_NAME).write_text(json.dumps(clean))
 

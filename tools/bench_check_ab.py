@@ -70,7 +70,7 @@ def memory_rates(ds: Path, reps: int = 3) -> tuple[float, float]:
     with open(reader.shard_path(0), "rb") as f:
         view = memoryview(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
     starts = index.starts.astype(int).tolist()
-    spans = [view[a:b] for a, b in zip(starts[:-1], starts[1:])]
+    spans = [view[a:b] for a, b in zip(starts[:-1], starts[1:], strict=True)]
     total = sum(len(s) for s in spans)
     best = {"hash": 0.0, "copy": 0.0}
     for _ in range(reps):

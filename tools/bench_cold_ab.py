@@ -95,7 +95,7 @@ def main():
                                          capture_output=True, text=True, timeout=600)
                 except subprocess.TimeoutExpired:
                     raise SystemExit(f"{name}: epoch did not finish in 600 s") from None
-                lines = [l for l in out.stdout.splitlines() if l.startswith("EPOCH=")]
+                lines = [ln for ln in out.stdout.splitlines() if ln.startswith("EPOCH=")]
                 if out.returncode or not lines:
                     raise SystemExit(f"{name}: epoch failed: {out.stderr.strip()[-500:]}")
                 got[name].append(json.loads(lines[-1][len("EPOCH="):]))

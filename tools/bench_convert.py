@@ -168,9 +168,12 @@ def report(args, n, runs, lines, resid, names):
                   for name in names}
         rss = {name: max(r["maxrss_mb"] for r in runs if r["name"] == name and r["mode"] == mode)
                for name in names}
-        out += [f"### {mode} ({'input evicted from the page cache' if mode == 'cold' else 'input fully in the page cache'}; resident after eviction/warming: "
+        cache = ("input evicted from the page cache" if mode == "cold"
+                 else "input fully in the page cache")
+        out += [f"### {mode} ({cache}; resident after eviction/warming: "
                 f"{min(resid[mode]):.0%}-{max(resid[mode]):.0%})", "",
-                "| contender | wall s, median (min-max, n) | samples/s | throughput vs pack | max RSS MB |",
+                "| contender | wall s, median (min-max, n) | samples/s | throughput vs pack "
+                "| max RSS MB |",
                 "|---|---|---|---|---|"]
         for name in names:
             ratio = med["pack"] / med[name]
@@ -181,7 +184,8 @@ def report(args, n, runs, lines, resid, names):
                 verdicts.append(f"- {name}, {mode}: >= {TARGET:.0%} of pack's throughput: "
                                 f"{ratio:.0%} -> **{'PASS' if ratio >= TARGET else 'FAIL'}**")
         out.append("")
-    out += ["Targets:", ""] + verdicts + ["", NOTES, "Each contender's own summary of its last run:", ""]
+    out += ["Targets:", ""] + verdicts + ["", NOTES,
+                                          "Each contender's own summary of its last run:", ""]
     out += [f"- {name}: `{lines.get(name, '')}`" for name in names]
     return "\n".join(out) + "\n"
 

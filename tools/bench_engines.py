@@ -148,7 +148,7 @@ def walks(src: str, reps: int) -> None:
             for where, (s, opts) in (("local tree", (src, None)), ("S3 server", (url, options)),
                                      ("S3 server, 30 ms RTT", (url, far))):
                 rates = {name: [] for name in runners}
-                for rep in range(reps):
+                for _ in range(reps):
                     for name, runner in runners.items():
                         rate, files = walk_rate(s, runner, opts)
                         rates[name].append(rate)

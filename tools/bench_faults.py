@@ -64,7 +64,8 @@ def campaign(work: Path, clean: Path, truth: dict, mutations, readers, timeout: 
             # backstop for a hang SIGALRM cannot break (C code that never returns): end the run
             faulthandler.dump_traceback_later(2 * timeout + 10, exit=True)
             try:
-                counts[name][outcome(lambda: reader(work, how), truth, timeout).kind] += 1
+                read = functools.partial(reader, work, how)
+                counts[name][outcome(read, truth, timeout).kind] += 1
             finally:
                 faulthandler.cancel_dump_traceback_later()
     return counts
@@ -96,7 +97,7 @@ def truncations(clean: Path):
 
 def swaps(clean: Path):
     shards = sorted(p.name for p in clean.iterdir() if p.suffix in (".tar", ".spk"))
-    for a, b in zip(shards, shards[1:]):
+    for a, b in zip(shards, shards[1:], strict=False):
         def mutate(work, a=a, b=b):
             (work / a).rename(work / "swap")
             (work / b).rename(work / a)
@@ -198,12 +199,13 @@ def main() -> None:
                 readers["webdataset.WebDataset"] = (read_webdataset, None)
             cases = [
                 (f"bit flip in shard data ({shard_format})",
-                 lambda: flips(clean, args.flips, args.seed, True), args.flips),
+                 functools.partial(flips, clean, args.flips, args.seed, True), args.flips),
                 (f"bit flip anywhere: shards, indexes, manifest ({shard_format})",
-                 lambda: flips(clean, args.flips, args.seed + 1, False), args.flips),
+                 functools.partial(flips, clean, args.flips, args.seed + 1, False), args.flips),
                 (f"truncation at every 512-byte boundary ({shard_format})",
-                 lambda: truncations(clean), None),
-                (f"two neighbouring shards swapped ({shard_format})", lambda: swaps(clean), None),
+                 functools.partial(truncations, clean), None),
+                (f"two neighbouring shards swapped ({shard_format})",
+                 functools.partial(swaps, clean), None),
             ]
             for case, make, _ in cases:
                 counts = campaign(tmp / "work", clean, truth, list(make()), readers,

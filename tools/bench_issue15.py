@@ -20,8 +20,22 @@ Both code trees are copies (git archive of --base; a snapshot of ./shardpack tak
 put first on PYTHONPATH of each `python -m shardpack.cli` subprocess.  Markdown tables go to
 stdout, progress to stderr, per-run logs to DATA_DIR/logs-issue15.  Nothing is written to docs.
 """
-import argparse, contextlib, datetime, glob, hashlib, json, os, random, resource, shlex, shutil
-import statistics, subprocess, sys, tempfile, time
+import argparse
+import contextlib
+import datetime
+import glob
+import hashlib
+import json
+import os
+import random
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
@@ -187,7 +201,7 @@ def part_checks(args, src, trees):
           f"| check_image_full | {full * 1e3:.2f} ms | {1 / full:,.0f} |", ""]
     rows = {}
     for kind, table in (("valid", imagegen.ALL_VALID), ("broken", imagegen.ALL_BROKEN)):
-        for key, (data, ext) in table.items():
+        for data, ext in table.values():
             fmt = im.sniff(data) or "no image magic"
             q = per_call(im.check_image, [data] * 1000, ext, args.check_runs) * 1e6
             f = per_call(im.check_image_full, [data] * 20, ext, args.check_runs) * 1e6 \
@@ -195,7 +209,9 @@ def part_checks(args, src, trees):
             rows.setdefault(fmt, {"valid": [], "broken": [], "full": []})[kind].append(q)
             if f is not None:
                 rows[fmt]["full"].append(f)
-    span = lambda v: f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" if v else "-"
+    def span(v):
+        return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" if v else "-"
+
     md += [f"tests/imagegen.py images ({imagegen.SIZE[0]}x{imagegen.SIZE[1]}), by format of the "
            "bytes; µs per call, median over the images (min-max), each the median of "
            f"{args.check_runs} passes:", "",

@@ -111,8 +111,12 @@ def peer_main(name, src, out):
 
 # ---------------------------------------------------------------- harness side
 def contenders():
-    py_peer = lambda py, name: lambda s, o: [py, os.path.abspath(__file__), "--peer", name, s, o]
-    sp = lambda fmt: lambda s, o: [SHARDPACK, "pack", s, o, "--format", fmt, "--workers", "2"]
+    def py_peer(py, name):
+        return lambda s, o: [py, os.path.abspath(__file__), "--peer", name, s, o]
+
+    def sp(fmt):
+        return lambda s, o: [SHARDPACK, "pack", s, o, "--format", fmt, "--workers", "2"]
+
     return {
         "shardpack-tar": sp("tar"),
         "shardpack-msgpack": sp("msgpack"),
@@ -199,8 +203,8 @@ def bench_tree(tree, src, names, modes, reps, scratch, timeout, log_dir):
                 load = os.getloadavg()[0]  # noise indicator (shared machine), in runs.jsonl
                 r = bc.run_measured(cmds[name](src, out), log, timeout=timeout)
                 text = open(log, errors="replace").read()
-                inner = [float(l.split("=")[1]) for l in text.splitlines()
-                         if l.startswith("BENCH_INNER_S=")]
+                inner = [float(ln.split("=")[1]) for ln in text.splitlines()
+                         if ln.startswith("BENCH_INNER_S=")]
                 r.update(name=name, mode=mode, rep=rep, inner_s=inner[0] if inner else None,
                          out_bytes=bc.tree_bytes(out), resident=after)
                 if name.startswith("shardpack"):
@@ -216,7 +220,8 @@ def bench_tree(tree, src, names, modes, reps, scratch, timeout, log_dir):
                     info["runs"].append(r)
                 with open(os.path.join(log_dir, "runs.jsonl"), "a") as f:
                     f.write(json.dumps(dict(r, tree=tree, files=len(paths), bytes=src_bytes,
-                                            resident_before=before, load1=load, status=status)) + "\n")
+                                            resident_before=before, load1=load, status=status))
+                            + "\n")
                 print(f"  rep {rep} {mode:4} {name:18} {r['wall_s']:8.2f} s  "
                       f"rss {r['maxrss_mb']:7.0f} MB  pss(tree) {r['tree_pss_mb']:7.0f} MB  "
                       f"resident {before:.0%}->{after:.0%}  {status}", flush=True)
@@ -245,9 +250,13 @@ def table(info, stats):
     durable = stats.get("tar-cf+fsync", {}).get("med")
     peer_meds = [stats[p]["med"] for p in PEERS if p in stats]
     fastest = min(peer_meds) if peer_meds else None
-    ratio = lambda v, ref: f"{v / ref:.2f}x" if ref else "n/a"
+
+    def ratio(v, ref):
+        return f"{v / ref:.2f}x" if ref else "n/a"
+
     lines = ["| contender | median s (min-max, n) | inner s | files/s | MB/s | vs tar -cf | "
-             "vs tar -cf+fsync | vs fastest peer | peak RSS MB (largest proc / tree PSS) | output MB |",
+             "vs tar -cf+fsync | vs fastest peer | peak RSS MB (largest proc / tree PSS) "
+             "| output MB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in sorted(stats.items(), key=lambda kv: kv[1]["med"]):
         inner = f"{s['inner']:.2f}" if s["inner"] is not None else "-"
@@ -391,8 +400,9 @@ METHOD = """#### Method
   writeback threshold), so theirs do not. `tar-cf+fsync` (the same `tar -cf`, then `sync FILE`,
   which fsyncs the archive) is the like-for-like floor; its ratio is listed for reference, next
   to the issue's targets, which are against plain `tar -cf`.
-- Shard size 256 MB for all; no compression. webdataset: `ShardWriter(maxsize=256e6, maxcount=10**12)`
-  (size alone cuts shards), key = relative path without extension, field = extension, `cls` = class index as ASCII decimal.
+- Shard size 256 MB for all; no compression. webdataset:
+  `ShardWriter(maxsize=256e6, maxcount=10**12)` (size alone cuts shards), key = relative path
+  without extension, field = extension, `cls` = class index as ASCII decimal.
   MDS: `MDSWriter(columns={'key': 'str', 'jpg': 'bytes', 'cls': 'int'}, size_limit=256e6,
   compression=None)`. LitData: `optimize(fn -> {'key', 'jpg': bytes, 'cls': int},
   chunk_bytes='256MB', num_workers=2)`. shardpack and webdataset run in `.venv`; MDS and LitData

@@ -3,7 +3,8 @@
 LitData, FFCV and DALI (CPU only), one epoch into PyTorch, bytes-only and decode (JPEG decode +
 random-resized-crop 224 + flip), with the data evicted from the page cache (cold) and warm.
 
-    python tools/bench_peers.py [--images 5000] [--reps 3] [--skip ffcv,dali] [--out docs/benchmarks.md]
+    python tools/bench_peers.py [--images 5000] [--reps 3] [--skip ffcv,dali] \
+        [--out docs/benchmarks.md]
 
 Every run is its own subprocess (2 DataLoader workers or 2 threads, batch 256) under the venv the
 loader needs: .venv (shardpack, files, webdataset), .bench-venv (mds, litdata:
@@ -38,7 +39,8 @@ SHARDPACK = os.path.join(ROOT, ".venv", "bin", "shardpack")
 BATCH, WORKERS, SIZE, SHARD = 256, 2, 224, "64MB"
 # name -> (python, dataset folder under DATA_DIR/peers/<tree>, or None for the source tree itself)
 CONTENDERS = {
-    "shardpack-tar": (VENV_PY, "shardpack-tar"), "shardpack-msgpack": (VENV_PY, "shardpack-msgpack"),
+    "shardpack-tar": (VENV_PY, "shardpack-tar"),
+    "shardpack-msgpack": (VENV_PY, "shardpack-msgpack"),
     "files": (VENV_PY, None), "webdataset": (VENV_PY, "webdataset"), "mds": (PEER_PY, "mds"),
     "litdata": (PEER_PY, "litdata"), "ffcv": (LOADERS_PY, "ffcv"), "dali": (LOADERS_PY, None),
 }
@@ -83,7 +85,7 @@ def _sample(data, cls, index, decode):
 def collate(samples):
     import numpy as np
     import torch
-    xs, ys = zip(*samples)
+    xs, ys = zip(*samples, strict=True)
     x = torch.from_numpy(np.stack(xs)) if not isinstance(xs[0], bytes) else list(xs)
     return x, torch.tensor(ys)
 
@@ -168,7 +170,8 @@ def load_ffcv(path, decode):
         if decode else [BytesDecoder()]
     loader = Loader(os.path.join(path, "jpg.beton" if decode else "bytes.beton"), batch_size=BATCH,
                     num_workers=WORKERS, order=OrderOption.RANDOM, os_cache=True,
-                    drop_last=False, pipelines={"image": image, "label": [IntDecoder(), ToTensor()]},
+                    drop_last=False,
+                    pipelines={"image": image, "label": [IntDecoder(), ToTensor()]},
                     custom_fields={"image": RGBImageField} if decode else {})
     return loader, lambda b: len(b[1])
 
@@ -356,7 +359,7 @@ def versions():
                                  timeout=120).stdout.split()
         except OSError:
             got = []
-        return ", ".join(f"{p} {x}" for p, x in zip(pkgs, got)) or "missing"
+        return ", ".join(f"{p} {x}" for p, x in zip(pkgs, got, strict=False)) or "missing"
     return {".venv": v(VENV_PY, "shardpack", "torch", "webdataset", "pillow", "simplejpeg"),
             ".bench-venv": v(PEER_PY, "mosaicml-streaming", "litdata", "torch", "pillow"),
             ".bench-loaders-venv": v(LOADERS_PY, "ffcv", "nvidia-dali-cuda120", "torch")}
@@ -425,7 +428,7 @@ def plot_main(json_path, png):
     fig.savefig(png, dpi=110)
 
 
-def main():
+def main():  # noqa: C901  (a benchmark driver: options, then the runs, in order)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=5000, help="ImageNet-like tree size")
     ap.add_argument("--reps", type=int, default=3)
@@ -473,7 +476,8 @@ def main():
                     with open(os.path.join(log_dir, "runs.jsonl"), "a") as f:
                         f.write(json.dumps(runs[-1]) + "\n")
                     print(f"rep {rep} {cache:4} {mode:6} {name:17} "
-                          f"{r.get('rate', 0):8,.0f} samples/s  first {r.get('first_batch_s') or 0:6.2f} s"
+                          f"{r.get('rate', 0):8,.0f} samples/s  "
+                          f"first {r.get('first_batch_s') or 0:6.2f} s"
                           f"  resident {r['resident']:.0%}  {r.get('error', '')}", flush=True)
     sweep = wait_sweep(paths.get("shardpack-tar"), src, [int(s) for s in args.steps.split(",")]) \
         if "shardpack-tar" in names else {}
@@ -520,9 +524,10 @@ def main():
             doc.append(f"| {label} | " + " | ".join(
                 (f"{p['wait']:.0%}" if p["wait"] is not None else "?") +
                 (f" ({p['rate']:,.0f}/s)" if p["rate"] else "") for p in pts) + " |")
+    took = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
     doc += ["", f"![samples/s per contender; wait fraction vs step time]"
             f"({os.path.relpath(args.png, os.path.dirname(args.out))})", "",
-            f"Run took {(datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60:.0f} min.",
+            f"Run took {took / 60:.0f} min.",
             "", METHOD]
     text = "\n".join(doc)
     print("\n" + text)

@@ -186,7 +186,7 @@ def wait_for_process(pattern, poll=30, limit=2400):
     t0 = time.time()
     while True:
         out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
-        pids = [l.split()[0] for l in out.splitlines() if "bench_read.py" not in l]
+        pids = [ln.split()[0] for ln in out.splitlines() if "bench_read.py" not in ln]
         if not pids or time.time() - t0 > limit:
             print(f"warning: {pattern} still runs after {limit} s" if pids else "", end="")
             return time.time() - t0
@@ -302,8 +302,8 @@ def shuffle_quality(path):
 
 # ------------------------------------------------------------------ report
 def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                if l.startswith("model name")), "unknown")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                if ln.startswith("model name")), "unknown")
     mem = int(open("/proc/meminfo").readline().split()[1]) / 2**20
     vers = ", ".join(f"{p} {md.version(p)}" for p in ("shardpack", "torch", "webdataset", "numpy"))
     git = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty=+uncommitted",
@@ -411,9 +411,9 @@ def main():
             f"which {waited / 60:.0f} min waiting for `{args.wait_for or '-'}` to finish).", "",
             f"Machine: {machine()}.", "", METHOD.format(reps=args.reps)]
     targets = []
-    for name, title, count, tree, contenders in suites:
+    for name, title, _, _, contenders in suites:
         res = results[name]
-        top = {p: max((l for l in res if l.startswith(p)), key=lambda l: res[l]["rate"],
+        top = {p: max((c for c in res if c.startswith(p)), key=lambda c: res[c]["rate"],
                       default=None) for p in ("WebDataset", "shardpack")}
         body += [f"### {title}", ""] + speed_table(res, [c[0] for c in contenders],
                                                    top["WebDataset"]) + [""]

@@ -32,10 +32,11 @@ HEADING = "## Remote"
 SHARD_SIZE = "64MB"
 
 
-# ----------------------------------------------------------------------------- servers (child process)
+# -------------------------------------------------------------------- servers (child process)
 
 def serve(root, workdir, delay_s):
-    """Child process: nginx over root, a delay proxy in front; print the ports, run until stdin ends."""
+    """Child process: nginx over root, a delay proxy in front; print the ports, run until stdin
+    ends."""
     from tests.servers import DelayProxy, NginxServer
     with NginxServer(root, workdir) as nginx, DelayProxy(nginx.port, delay_s) as proxy:
         print(json.dumps({"nginx": nginx.port, "proxy": proxy.port}), flush=True)
@@ -45,7 +46,8 @@ def serve(root, workdir, delay_s):
 class Servers:
     def __init__(self, root, workdir, delay_s):
         shutil.rmtree(workdir, ignore_errors=True)
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", root, workdir, str(delay_s)],
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", root, workdir,
+                                      str(delay_s)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line:
@@ -72,8 +74,8 @@ def prepare(data, count):
     for p in (images, packed):
         shutil.rmtree(p, ignore_errors=True)
     py, bin_dir = sys.executable, os.path.dirname(sys.executable)
-    subprocess.run([py, os.path.join(ROOT, "tools", "make_images.py"), images, "--count", str(count)],
-                   check=True)
+    subprocess.run([py, os.path.join(ROOT, "tools", "make_images.py"), images,
+                    "--count", str(count)], check=True)
     subprocess.run([os.path.join(bin_dir, "shardpack"), "pack", images, packed,
                     "--shard-size", SHARD_SIZE, "-q"], check=True)
     open(stamp, "w").close()
@@ -95,7 +97,7 @@ def shard_epoch(ds, first_only=False):
             first = time.perf_counter() - t0
         rep = batch.get("__repeat__")
         samples += len(batch["__key__"]) - (int(rep.sum()) if isinstance(rep, torch.Tensor) else 0)
-        for name, value in batch.items():
+        for value in batch.values():
             if hasattr(value, "offsets") and hasattr(value, "data"):
                 nbytes += int(value.offsets[-1])
         if first_only:
@@ -182,7 +184,8 @@ def summarize(runs):
                              s=med([r["s"] for r in rs]), n=rs[0]["n"], reps=len(rs),
                              ttfb=med([r.get("ttfb") for r in rs]),
                              # steady state: the rate after the first batch (256 samples) arrived
-                             after=med([(r["n"] - 256) / (r["s"] - (r["ttfb"] - (r.get("open") or 0)))
+                             after=med([(r["n"] - 256)
+                                        / (r["s"] - (r["ttfb"] - (r.get("open") or 0)))
                                         for r in rs if r.get("ttfb") and r["n"] > 256]),
                              open=med([r.get("open") for r in rs]),
                              worst=max(r["s"] + (r.get("open") or 0) for r in rs))
@@ -242,15 +245,18 @@ def report(s, proxy, shard_get, args, machine, info):
         r = s["cold4"]["mbps"] / proxy["mbps"]
         check("cold epoch >= 80% of proxy single-object MB/s", r >= 0.8,
               f"{s['cold4']['mbps']:.1f} / {proxy['mbps']:.1f} MB/s = {r:.0%}")
-    table = "\n".join(rows) + "\n\n| target | measured | result |\n|---|---|---|\n" + "\n".join(checks)
+    table = ("\n".join(rows) + "\n\n| target | measured | result |\n|---|---|---|\n"
+             + "\n".join(checks))
     cmd = info.get("cmd") or " ".join(["tools/bench_remote.py"] + sys.argv[1:])
     head = (f"Command: `.venv/bin/python {cmd}`\n\n"
-            f"Machine: {machine['nproc']} cores ({machine['cpu']}), {machine['ram_gib']:.0f} GiB RAM, "
+            f"Machine: {machine['nproc']} cores ({machine['cpu']}), "
+            f"{machine['ram_gib']:.0f} GiB RAM, "
             f"Linux {machine['kernel']}, Python {machine['python']}, data on {machine['fs']}; "
             f"shared and noisy (load average at start {info['load']}). Link: nginx on 127.0.0.1 "
             f"behind tests/servers.py DelayProxy, {args.rtt_ms:g} ms RTT, no bandwidth limit. "
             f"Dataset: {info['count']} JPEGs, {info['mb']:.0f} MB, {info['shards']} shards of "
-            f"<= {SHARD_SIZE}. Bytes only (no decode), 2 DataLoader workers, batch 256, shuffle on; "
+            f"<= {SHARD_SIZE}. Bytes only (no decode), 2 DataLoader workers, batch 256, "
+            f"shuffle on; "
             f"medians over alternating repetitions. TTFB counts dataset construction (manifest "
             f"fetch) plus DataLoader start; 'worst s' is the slowest repetition including "
             f"dataset construction. Per-file case: first {info['perfile_n']} images.\n\n")
@@ -283,7 +289,7 @@ def case_subprocess(case, *args):
     single sequence of cases reproduced by hand."""
     out = subprocess.run([sys.executable, __file__, "--case", json.dumps([case, *args])],
                          capture_output=True, text=True, timeout=900)
-    lines = [l for l in out.stdout.splitlines() if l.startswith("CASE_RESULT=")]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("CASE_RESULT=")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"case {case} failed: {out.stderr.strip().splitlines()[-3:]}")
     return json.loads(lines[-1][len("CASE_RESULT="):])
@@ -322,7 +328,8 @@ def main():
     shards = manifest.get("shards", [])
     tree = bench_common.list_tree(images)
     perfile_urls_rel = [rel for rel, _ in tree[:args.per_file_count]]
-    info = dict(cmd=" ".join(["tools/bench_remote.py"] + sys.argv[1:]), load=load, count=len(tree), shards=len(shards),
+    info = dict(cmd=" ".join(["tools/bench_remote.py"] + sys.argv[1:]), load=load,
+                count=len(tree), shards=len(shards),
                 mb=bench_common.tree_bytes(images) / 1e6, perfile_n=len(perfile_urls_rel))
     biggest = max(os.scandir(packed), key=lambda e: e.stat().st_size if e.is_file() else 0).name
 
@@ -353,7 +360,8 @@ def main():
                 last = (runs.get(case) or [None])[-1] if case != "proxy" else None
                 desc = (f"{last['n'] / last['s']:.0f} samples/s, {last['b'] / last['s'] / 1e6:.1f} "
                         f"MB/s" if last else f"{gets[-1][1] / gets[-1][0] / 1e6:.1f} MB/s")
-                print(f"rep {rep} {case:9s} {desc}  [{time.monotonic() - started:.0f} s]", flush=True)
+                print(f"rep {rep} {case:9s} {desc}  [{time.monotonic() - started:.0f} s]",
+                      flush=True)
     finally:
         servers.close()
         shutil.rmtree(cache_root, ignore_errors=True)

@@ -47,7 +47,8 @@ def one_epoch(url: str, world: int, rank: int, affinity: bool, cache: Path) -> d
                                 shard_affinity=affinity, batch_size=64, batched=True,
                                 prefetch=0)
     ds.set_epoch(1)
-    seen = [int(i) for b in ds for i, r in zip(b["__index__"], b["__repeat__"]) if not r]
+    seen = [int(i) for b in ds
+            for i, r in zip(b["__index__"], b["__repeat__"], strict=True) if not r]
     tars = list(cache.rglob("*.tar"))
     return {"ids": seen, "bytes": sum(p.stat().st_size for p in tars), "shards": len(tars)}
 

@@ -50,7 +50,7 @@ def decode_difference(ds_path, device) -> tuple[float, float]:
     cpu = shardpack.DeviceLoader(_loader(ds_path, 2, "cpu", batch=64), device=device,
                                  decode="cpu", normalize=False)
     worst, means = 0.0, []
-    for i, (g, c) in enumerate(zip(gpu, cpu)):
+    for i, (g, c) in enumerate(zip(gpu, cpu, strict=False)):  # the first batches only
         diff = (g["image"].float() - c["image"].float()).abs()
         worst, _ = max(worst, float(diff.amax())), means.append(float(diff.mean()))
         if i == 3:
@@ -93,7 +93,8 @@ def end_to_end(ds_path, device, workers, decode, batches=30, batch=256) -> float
 def training_wait(ds_path, device, workers, decode, steps=40) -> tuple[float, float]:
     import torchvision
 
-    model = torchvision.models.resnet50(num_classes=10).to(device, memory_format=torch.channels_last)
+    model = torchvision.models.resnet50(num_classes=10).to(device,
+                                                           memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     dl = shardpack.DeviceLoader(_loader(ds_path, workers, decode), device=device, decode=decode)
     seen, start = 0, None

@@ -15,8 +15,17 @@ Image i belongs to class i % C and depends only on (seed, i): the tree is
 byte-identical for the same arguments whatever the worker count.
 Usable as a script (see --help) or imported by path:  make_images(out, count, ...)
 """
-import argparse, importlib.util, math, multiprocessing as mp, os, queue, random
-import shutil, sys, time, traceback
+import argparse
+import importlib.util
+import math
+import multiprocessing as mp
+import os
+import queue
+import random
+import shutil
+import sys
+import time
+import traceback
 from io import BytesIO
 
 import numpy as np
@@ -133,7 +142,8 @@ def _prepare_out(out, overwrite):
         if not overwrite:
             raise FileExistsError(f"output directory {out!r} is not empty (use --overwrite)")
         if any(not e.is_dir(follow_symlinks=False) for e in os.scandir(out)):
-            raise FileExistsError(f"{out!r} holds files besides class folders; refusing to clear it")
+            raise FileExistsError(f"{out!r} holds files besides class folders; "
+                                  "refusing to clear it")
         shutil.rmtree(out)
     os.makedirs(out, exist_ok=True)
 
@@ -163,7 +173,8 @@ def make_images(out, count, classes=10, seed=0, tiny=False, workers=None, qualit
     sources = {}
     for p in used:  # scale pyramid: crops from a level of short side 512 see most of the photo
         photo = Image.open(os.path.join(data_dir, PHOTOS[p])).convert("RGB")
-        sources[p] = [photo.resize((round(photo.width * k), round(photo.height * k)), Image.BILINEAR)
+        sources[p] = [photo.resize((round(photo.width * k), round(photo.height * k)),
+                                   Image.BILINEAR)
                       for k in (s / min(photo.size) for s in LEVELS[:1 if tiny else None])]
     rng = np.random.default_rng(seed)
     noise = rng.normal(NOISE_BIAS, NOISE_SIGMA, (704, 704, 3))
@@ -199,7 +210,7 @@ def make_images(out, count, classes=10, seed=0, tiny=False, workers=None, qualit
                     msg = results.get(timeout=1.0)
                 except queue.Empty:  # a worker killed hard (e.g. OOM) never reports
                     if any(p.exitcode not in (None, 0) for p in procs):
-                        raise RuntimeError("an image worker died unexpectedly")
+                        raise RuntimeError("an image worker died unexpectedly") from None
                     continue
                 if msg is None:
                     running -= 1

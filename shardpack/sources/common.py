@@ -187,7 +187,8 @@ def field_name(column: str, ext: str | None) -> str:
     type and the name has no dot and is not that extension already (``image``+jpeg ->
     ``image.jpg``; ``jpg``+jpeg -> ``jpg``; ``seg.png`` stays ``seg.png``)."""
     lowered = column.lower()
-    if not column or not ext or "." in column or lowered == ext or (ext == "jpg" and lowered == "jpeg"):
+    if not column or not ext or "." in column or lowered == ext or \
+            (ext == "jpg" and lowered == "jpeg"):
         return column
     return f"{column}.{ext}"
 
@@ -195,7 +196,7 @@ def field_name(column: str, ext: str | None) -> str:
 def check_fields(names: list[str], columns: list[str], what: str, shown: str) -> None:
     """Refuse, once for the whole source, column names that cannot be field names or that
     collide once named."""
-    for name, column in zip(names, columns):
+    for name, column in zip(names, columns, strict=True):
         why = check_field_name(name)
         if why:
             raise SourceError(f"{what} {column!r} cannot become a field: {why}", path=shown)

@@ -102,7 +102,7 @@ class LitDataSource(ContainerSource):
             raise SourceError("config.data_format must be a non-empty list of serializer names",
                               path=shown)
         names = _leaf_names(config.get("data_spec"), len(formats), shown)
-        self.leaves = [self._leaf(n, f, shown) for n, f in zip(names, formats)]
+        self.leaves = [self._leaf(n, f, shown) for n, f in zip(names, formats, strict=True)]
         check_fields([leaf.field for leaf in self.leaves], names, "LitData key", shown)
         if self.compression:
             self.note(f"LitData chunks were compressed ({self.compression}, level "
@@ -206,7 +206,7 @@ class LitDataSource(ContainerSource):
             raise ValueError(f"leaf sizes add up to {head + sum(sizes)} bytes, the item is "
                              f"{end - start}")
         pos, fields = start + head, []
-        for leaf, size in zip(self.leaves, sizes):
+        for leaf, size in zip(self.leaves, sizes, strict=True):
             if leaf.kind == "carried" and url is not None:
                 fields.append(SourceField(leaf.field, url, size, mtime, None, pos))
             else:

@@ -71,77 +71,93 @@ def _read(data: bytes, pos: int, depth: int = 0):
         raise ValueError(f"json leaf is nested more than {MAX_DEPTH} deep")
     tag = data[pos]
     pos += 1
-    if tag in (0, 1, 2, 3, 4, 5, 6):
+    if tag in _COUNTED:
         count = _U32.unpack_from(data, pos)[0]
         pos += 4
         # every item reads at least 4 (text), 1 (value) or 0 (a row of no keys) bytes
         if count * (4 if tag in (1, 5) else 1) > len(data) - pos and tag != 6:
             raise IndexError(f"{count} items run past the end")
-    if tag == 0:
-        end = pos + count
-        if end > len(data):
-            raise IndexError("json text runs past the end")
-        try:
-            return json.loads(data[pos:end]), end
-        except RecursionError:
-            raise ValueError("embedded JSON is nested too deeply") from None
-        except ValueError as exc:
-            raise ValueError(f"embedded JSON is invalid: {exc}") from None
-    if tag == 1:
-        out = []
-        for _ in range(count):
-            text, pos = _text(data, pos)
-            out.append(text)
-        return out, pos
-    if tag in _ARRAYS:
-        fmt, width = _ARRAYS[tag]
-        end = pos + width * count
-        if end > len(data):
-            raise IndexError("array runs past the end")
-        return list(struct.unpack_from(f"<{count}{fmt[1]}", data, pos)), end
-    if tag == 4:
-        if pos + count > len(data):
-            raise IndexError("bools run past the end")
-        return [b != 0 for b in data[pos:pos + count]], pos + count
-    if tag == 5:
-        out = {}
-        for _ in range(count):
-            key, pos = _text(data, pos)
-            out[key], pos = _read(data, pos, depth + 1)
-        return out, pos
-    if tag == 6:
-        nkeys = _U32.unpack_from(data, pos)[0]
-        pos += 4
-        if nkeys * 4 > len(data) - pos or count * nkeys > len(data) - pos \
-                or (not nkeys and count > len(data)):
-            raise IndexError(f"records of {count} rows and {nkeys} keys run past the end")
-        keys = []
-        for _ in range(nkeys):
-            key, pos = _text(data, pos)
-            keys.append(key)
-        rows = []
-        for _ in range(count):
-            row = {}
-            for key in keys:
-                row[key], pos = _record_value(data, pos)
-            rows.append(row)
-        return rows, pos
-    if tag == 7:
-        return _text(data, pos)
-    if tag == 8:
-        return _I64.unpack_from(data, pos)[0], pos + 8
-    if tag == 9:
-        return _F64.unpack_from(data, pos)[0], pos + 8
-    if tag == 10:
-        return data[pos] != 0, pos + 1
-    if tag == 11:
-        return None, pos
+        return _COUNTED[tag](data, pos, count, tag, depth)
+    if tag in _SCALAR_KINDS:
+        return _scalar(_SCALAR_KINDS[tag], data, pos)
     raise ValueError(f"unknown json leaf tag {tag}")
 
 
+def _read_json_text(data: bytes, pos: int, count: int, tag: int, depth: int):
+    end = pos + count
+    if end > len(data):
+        raise IndexError("json text runs past the end")
+    try:
+        return json.loads(data[pos:end]), end
+    except RecursionError:
+        raise ValueError("embedded JSON is nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"embedded JSON is invalid: {exc}") from None
+
+
+def _read_texts(data: bytes, pos: int, count: int, tag: int, depth: int):
+    out = []
+    for _ in range(count):
+        text, pos = _text(data, pos)
+        out.append(text)
+    return out, pos
+
+
+def _read_numbers(data: bytes, pos: int, count: int, tag: int, depth: int):
+    fmt, width = _ARRAYS[tag]
+    end = pos + width * count
+    if end > len(data):
+        raise IndexError("array runs past the end")
+    return list(struct.unpack_from(f"<{count}{fmt[1]}", data, pos)), end
+
+
+def _read_bools(data: bytes, pos: int, count: int, tag: int, depth: int):
+    if pos + count > len(data):
+        raise IndexError("bools run past the end")
+    return [b != 0 for b in data[pos:pos + count]], pos + count
+
+
+def _read_dict(data: bytes, pos: int, count: int, tag: int, depth: int):
+    out = {}
+    for _ in range(count):
+        key, pos = _text(data, pos)
+        out[key], pos = _read(data, pos, depth + 1)
+    return out, pos
+
+
+def _read_records(data: bytes, pos: int, count: int, tag: int, depth: int):
+    nkeys = _U32.unpack_from(data, pos)[0]
+    pos += 4
+    if nkeys * 4 > len(data) - pos or count * nkeys > len(data) - pos \
+            or (not nkeys and count > len(data)):
+        raise IndexError(f"records of {count} rows and {nkeys} keys run past the end")
+    keys = []
+    for _ in range(nkeys):
+        key, pos = _text(data, pos)
+        keys.append(key)
+    rows = []
+    for _ in range(count):
+        row = {}
+        for key in keys:
+            row[key], pos = _record_value(data, pos)
+        rows.append(row)
+    return rows, pos
+
+
+# tags 0..6: a uint32 count, then the items (read by these, called with the tag and depth)
+_COUNTED = {0: _read_json_text, 1: _read_texts, 2: _read_numbers, 3: _read_numbers,
+            4: _read_bools, 5: _read_dict, 6: _read_records}
+# tags 7..11: one scalar, read as the records value of this kind
+_SCALAR_KINDS = {7: 0x11, 8: 0x12, 9: 0x13, 10: 0x14, 11: 0x10}
+
+
 def _record_value(data: bytes, pos: int):
-    kind = data[pos]
-    pos += 1
+    return _scalar(data[pos], data, pos + 1)
+
+
+def _scalar(kind: int, data: bytes, pos: int):
+    """A records value of ``kind`` (0x10 null, 0x11 text, 0x12 int64, 0x13 float64, 0x14 bool
+    byte) at ``pos``, and the position after it."""
     if kind == 0x10:
         return None, pos
     if kind == 0x11:

@@ -148,7 +148,7 @@ class MDSSource(ContainerSource):
                 continue
             pos, fields = start + head, []
             try:
-                for column, length in zip(columns, lengths):
+                for column, length in zip(columns, lengths, strict=True):
                     if column.kind == "carried" and url is not None:
                         fields.append(SourceField(column.field, url, length, mtime, None, pos))
                     else:
@@ -180,7 +180,8 @@ class MDSSource(ContainerSource):
                 and names and all(isinstance(n, str) for n in names)):
             raise SourceError("column_names, column_encodings and column_sizes must be lists of "
                               "the same, non-zero length", path=where)
-        columns = [self._column(n, e, s, where) for n, e, s in zip(names, encodings, sizes)]
+        columns = [self._column(n, e, s, where)
+                   for n, e, s in zip(names, encodings, sizes, strict=True)]
         check_fields([c.field for c in columns], names, "MDS column", where)
         return columns
 

@@ -57,7 +57,9 @@ LABEL_NAMES = ("label", "labels")  # plain columns that get a note suggesting --
 _SPLIT_FILE = re.compile(r"(?:^|/)([\w.]+?)-\d+-of-\d+\.parquet$")
 
 
-def _pyarrow():
+def import_pyarrow():
+    """``(pyarrow, pyarrow.parquet)``, imported with shardpack's allocator setting (below) when
+    this process imports pyarrow first; a SourceError with an install hint when it is missing."""
     if "pyarrow" not in sys.modules:
         # pyarrow's allocator (mimalloc) hands freed memory back to the OS after 10 ms, and the
         # shard writers decode batch after batch, faulting in and zeroing fresh pages each time.
@@ -119,7 +121,7 @@ class ParquetSource(ContainerSource):
         return sorted(names)
 
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
-        pq = _pyarrow()[1]
+        pq = import_pyarrow()[1]
         names = self.files()
         splits = sorted({m.group(1) for n in names if (m := _SPLIT_FILE.search(n))})
         if len(splits) > 1:
@@ -158,7 +160,7 @@ class ParquetSource(ContainerSource):
         where it cannot be the label), and for a string column read that column alone from every
         file: the sorted distinct values are the class names.  Returns (class names, file) of a
         ClassLabel label, for the main pass to compare each file's with, else None."""
-        pa, pq = _pyarrow()
+        pa, pq = import_pyarrow()
         import pyarrow.compute as pc
 
         col = self.label_column
@@ -200,16 +202,13 @@ class ParquetSource(ContainerSource):
         """The file's samples, one record batch at a time.  Binary and ``{bytes, path}`` cells
         are not copied out here: only their lengths are taken, and the fields refer to (file,
         column, row) for the shard writers to read."""
-        pa = _pyarrow()[0]
+        pa = import_pyarrow()[0]
         import pyarrow.compute as pc
 
         url, mtime = self.url(name), self.mtime_ns(name)
         meta = pf.metadata
         estimated = _estimated_sizes(meta, [c for c in columns if c[1] == "binary"])
-        blocks, start = {}, 0  # first row of each row group -> its bytes (planner hint)
-        for g in range(meta.num_row_groups):
-            blocks[start] = meta.row_group(g).total_byte_size
-            start += meta.row_group(g).num_rows
+        blocks = _row_group_starts(meta)  # first row of each row group -> its bytes
         wanted = [c[0] for c in columns if c[0] not in estimated] + ([key_col] if key_col else [])
         row_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         rows = max(1, min(MAX_BATCH_ROWS, BATCH_BYTES * max(1, meta.num_rows)
@@ -225,28 +224,8 @@ class ParquetSource(ContainerSource):
             if batch is None:
                 return
             keys = batch.column(key_col).to_pylist() if key_col else None
-            values = []
             count = batch.num_rows
-            for col, kind, field in columns:
-                if col in estimated:
-                    values.append((col, kind, field, estimated[col][row:row + count], None))
-                    continue
-                array = batch.column(col)
-                if kind == "binary":
-                    values.append((col, kind, field, pc.binary_length(array).to_pylist(), None))
-                elif kind == "file":
-                    data = pc.struct_field(array, "bytes")
-                    paths = pc.struct_field(array, "path").to_pylist()
-                    valid = array.is_valid().to_pylist()
-                    values.append((col, kind, field, pc.binary_length(data).to_pylist(),
-                                   (paths, valid)))
-                elif kind == "classname":  # a string label -> its index among the classes
-                    if pa.types.is_dictionary(array.type):
-                        array = array.dictionary_decode()
-                    index = pc.index_in(array, value_set=self._class_names.cast(array.type))
-                    values.append((col, "label", field, index.to_pylist(), None))
-                else:
-                    values.append((col, kind, field, array.to_pylist(), None))
+            values = self._column_values(batch, columns, estimated, row, pa, pc)
             del batch
             for i in range(count):
                 where = f"{shown}: row {row + i}"
@@ -257,34 +236,76 @@ class ParquetSource(ContainerSource):
                         self.bad(where, f"sample key column {key_col!r} is null", "bad-key")
                         continue
                     key = str(key)
-                fields = []
-                for col, kind, field, data, extra in values:
-                    value = data[i]
-                    if kind == "binary":
-                        if value is not None:
-                            fields.append(SourceField(field, url, value, mtime, None, row + i,
-                                                      (col,)))
-                        continue
-                    if kind != "file":
-                        if value is not None:
-                            fields.append(inline(field, ENCODERS[kind](value)))
-                        elif col == self.label_column:
-                            self.bad(where, f"label column {col!r} is null", "no-label")
-                            break
-                        continue
-                    paths, valid = extra
-                    if not valid[i]:
-                        continue
-                    if value is not None:
-                        fields.append(SourceField(field, url, value, mtime, None, row + i,
-                                                  (col, "bytes")))
-                    elif paths[i] is not None:
-                        self.bad(where, f"column {col!r} holds only a path "
-                                        f"({paths[i]!r}), not the file's bytes", "no-bytes")
-                        break
-                else:
+                fields = self._row_fields(values, i, row + i, url, mtime, where)
+                if fields is not None:
                     yield key, fields, where, blocks.get(row + i, 0)
             row += count
+
+    def _column_values(self, batch, columns, estimated, row, pa, pc) -> list[tuple]:
+        """``(column, kind, field, per-row values, extra)`` of each column for one record batch
+        (starting at ``row``): lengths for binary and ``{bytes, path}`` cells (then ``extra`` is
+        ``(paths, valid)``), class indexes for class names, Python values otherwise."""
+        values = []
+        count = batch.num_rows
+        for col, kind, field in columns:
+            if col in estimated:
+                values.append((col, kind, field, estimated[col][row:row + count], None))
+                continue
+            array = batch.column(col)
+            if kind == "binary":
+                values.append((col, kind, field, pc.binary_length(array).to_pylist(), None))
+            elif kind == "file":
+                data = pc.struct_field(array, "bytes")
+                paths = pc.struct_field(array, "path").to_pylist()
+                valid = array.is_valid().to_pylist()
+                values.append((col, kind, field, pc.binary_length(data).to_pylist(),
+                               (paths, valid)))
+            elif kind == "classname":  # a string label -> its index among the classes
+                if pa.types.is_dictionary(array.type):
+                    array = array.dictionary_decode()
+                index = pc.index_in(array, value_set=self._class_names.cast(array.type))
+                values.append((col, "label", field, index.to_pylist(), None))
+            else:
+                values.append((col, kind, field, array.to_pylist(), None))
+        return values
+
+    def _row_fields(self, values, i: int, row: int, url, mtime, where: str
+                    ) -> list[SourceField] | None:
+        """The fields of row ``i`` of the batch (``row`` in the file), or None when the row is
+        left out (a null label, a file cell with a path but no bytes: counted as bad)."""
+        fields = []
+        for col, kind, field, data, extra in values:
+            value = data[i]
+            if kind == "binary":
+                if value is not None:
+                    fields.append(SourceField(field, url, value, mtime, None, row, (col,)))
+                continue
+            if kind != "file":
+                if value is not None:
+                    fields.append(inline(field, ENCODERS[kind](value)))
+                elif col == self.label_column:
+                    self.bad(where, f"label column {col!r} is null", "no-label")
+                    return None
+                continue
+            paths, valid = extra
+            if not valid[i]:
+                continue
+            if value is not None:
+                fields.append(SourceField(field, url, value, mtime, None, row, (col, "bytes")))
+            elif paths[i] is not None:
+                self.bad(where, f"column {col!r} holds only a path "
+                                f"({paths[i]!r}), not the file's bytes", "no-bytes")
+                return None
+        return fields
+
+
+def _row_group_starts(meta) -> dict[int, int]:
+    """First row of each row group -> the group's bytes (a hint for the planner)."""
+    blocks, start = {}, 0
+    for g in range(meta.num_row_groups):
+        blocks[start] = meta.row_group(g).total_byte_size
+        start += meta.row_group(g).num_rows
+    return blocks
 
 
 def _estimated_sizes(meta, binary_columns) -> dict[str, list[int]]:
@@ -344,6 +365,48 @@ def plan_columns(schema, shown: str, note, label_column: str | None = None
     key_col = next((k for k in KEY_COLUMNS if k in names), None)
     labels = [n for n in names if _feature_type(features, n) == "ClassLabel"
               and _kind(schema.field(n).type) == "int"]
+    label_col, label_kind, classes = _plan_label(schema, shown, note, label_column, key_col,
+                                                 labels, features, meta_classes)
+    columns, fields = [], {}
+    for field in schema:
+        col, kind = field.name, _kind(field.type)
+        if col == key_col:
+            if kind not in ("string", "int"):
+                raise SourceError(f"key column {col!r} has type {field.type}: a key must be a "
+                                  "string or an integer", path=shown)
+            continue
+        if col.startswith("__") and col != label_col:
+            note(f"column {col!r} was skipped (names starting with '__' are reserved)")
+            continue
+        if kind == "null":
+            continue
+        if kind is None:
+            raise SourceError(f"column {col!r} has type {field.type}, which cannot become a "
+                              "field (binary, Image/Audio structs, numbers, strings, booleans, "
+                              "dates and lists/structs without binary data can)", path=shown)
+        if col == label_col:
+            kind, name = label_kind, "cls"
+        else:
+            name = _field_name(col, kind, features)
+        why = check_field_name(name)
+        if why:
+            raise SourceError(f"column {col!r}: {why}", path=shown)
+        if name in fields:
+            raise SourceError(f"columns {fields[name]!r} and {col!r} would both become field "
+                              f"{name!r}", path=shown)
+        fields[name] = col
+        _note_feature(note, col, kind, name, _feature_type(features, col), col == label_col)
+        columns.append((col, kind, name))
+    return columns, key_col, classes
+
+
+def _plan_label(schema, shown: str, note, label_column: str | None, key_col: str | None,
+                labels: list[str], features, meta_classes
+                ) -> tuple[str | None, str, list[str] | None]:
+    """``(label column or None, its kind, class names or None)``: ``--label-column`` when
+    given, else a single ClassLabel column (or a column ``cls`` with class names in the
+    metadata); notes what could not be carried, or could be with ``--label-column``."""
+    names = schema.names
     label_col, label_kind, classes = None, "label", None
     if label_column is not None:
         label_col, label_kind = _label_column(schema, shown, label_column, key_col, labels)
@@ -366,48 +429,31 @@ def plan_columns(schema, shown: str, note, label_column: str | None = None
             if col in names and _kind(schema.field(col).type) in ("int", "string"):
                 note(f"column {col!r} became field {col!r}, not the class label field 'cls': "
                      f"pass --label-column {col} to make it the label")
-    columns, fields = [], {}
-    for field in schema:
-        col, kind = field.name, _kind(field.type)
-        if col == key_col:
-            if kind not in ("string", "int"):
-                raise SourceError(f"key column {col!r} has type {field.type}: a key must be a "
-                                  "string or an integer", path=shown)
-            continue
-        if col.startswith("__") and col != label_col:
-            note(f"column {col!r} was skipped (names starting with '__' are reserved)")
-            continue
-        if kind == "null":
-            continue
-        if kind is None:
-            raise SourceError(f"column {col!r} has type {field.type}, which cannot become a "
-                              "field (binary, Image/Audio structs, numbers, strings, booleans, "
-                              "dates and lists/structs without binary data can)", path=shown)
-        name = col
-        if col == label_col:
-            kind, name = label_kind, "cls"
-        elif kind == "file" and _feature_type(features, col) == "Image" \
-                and not is_image_field(col):
-            name = f"{col}.image"  # readers find it as an image field, whatever each row holds
-        elif kind == "json" and "." not in col:
-            name = f"{col}.json"
-        why = check_field_name(name)
-        if why:
-            raise SourceError(f"column {col!r}: {why}", path=shown)
-        if name in fields:
-            raise SourceError(f"columns {fields[name]!r} and {col!r} would both become field "
-                              f"{name!r}", path=shown)
-        fields[name] = col
-        feature = _feature_type(features, col)
-        if feature not in (None, "Value", "ClassLabel", "Image") and col != label_col:
-            note(f"column {col!r}: the Hugging Face {feature} feature type is not carried "
-                 f"(the values are, as {'bytes' if kind == 'file' else kind})")
-        elif kind == "file" and feature is None and not is_image_field(name):
-            note(f"column {col!r} ({{bytes, path}} without a Hugging Face feature) became field "
-                 f"{name!r}, which readers do not take for an image field: if it holds images, "
-                 f"decode it with field={name!r}, or name the column image")
-        columns.append((col, kind, name))
-    return columns, key_col, classes
+    return label_col, label_kind, classes
+
+
+def _field_name(col: str, kind: str, features) -> str:
+    """The field name of a column that is not the label: its name, plus ``.image`` for a
+    Hugging Face Image column whose name readers would not take for an image field, or
+    ``.json`` for JSON values in a column without a dot."""
+    if kind == "file" and _feature_type(features, col) == "Image" and not is_image_field(col):
+        return f"{col}.image"  # readers find it as an image field, whatever each row holds
+    if kind == "json" and "." not in col:
+        return f"{col}.json"
+    return col
+
+
+def _note_feature(note, col: str, kind: str, name: str, feature: str | None,
+                  is_label: bool) -> None:
+    """Notes for a carried column: a Hugging Face feature type that is not carried, or
+    ``{bytes, path}`` cells under a name readers do not take for an image field."""
+    if feature not in (None, "Value", "ClassLabel", "Image") and not is_label:
+        note(f"column {col!r}: the Hugging Face {feature} feature type is not carried "
+             f"(the values are, as {'bytes' if kind == 'file' else kind})")
+    elif kind == "file" and feature is None and not is_image_field(name):
+        note(f"column {col!r} ({{bytes, path}} without a Hugging Face feature) became field "
+             f"{name!r}, which readers do not take for an image field: if it holds images, "
+             f"decode it with field={name!r}, or name the column image")
 
 
 def _label_column(schema, shown: str, col: str, key_col: str | None,
