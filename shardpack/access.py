@@ -19,9 +19,11 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
+from . import format as fmt
 from .storage import Storage
 
 MAX_OPEN_SHARDS = 64     # local maps a process keeps open
@@ -46,16 +48,16 @@ class ShardAccess:
     prefetches = False   # whether fetching ahead helps (remote modes)
     fast_start = False   # whether a cold first batch is worth ranged reads (cache only)
 
-    def __init__(self, storage: Storage, shards: list[dict]):
+    def __init__(self, storage: Storage, shards: Sequence[fmt.ShardEntry]):
         self.storage, self.shards = storage, shards
 
     def index_bytes(self, shard: int) -> bytes:
-        return self.storage.read_bytes(self.shards[shard]["index"])
+        return self.storage.read_bytes(self.shards[shard].index)
 
     def open(self, shard: int) -> tuple[str, object] | None:
         """(local path of the shard's file, a held cache entry or None), or None when this mode
         does not map shards (ranged reads)."""
-        return self.storage.path(self.shards[shard]["name"]), None
+        return self.storage.path(self.shards[shard].name), None
 
     @property
     def open_limit(self) -> int:
@@ -91,7 +93,7 @@ class CachedAccess(ShardAccess):
     name = "cached"
     prefetches = fast_start = True
 
-    def __init__(self, storage: Storage, shards: list[dict], cache, prefetch: int,
+    def __init__(self, storage: Storage, shards: Sequence[fmt.ShardEntry], cache, prefetch: int,
                  burst: Burst):
         super().__init__(storage, shards)
         self.cache = cache
@@ -105,11 +107,12 @@ class CachedAccess(ShardAccess):
         return self._open_limit
 
     def index_bytes(self, shard: int) -> bytes:
+        from .cache import CacheItem
+
         entry = self.shards[shard]
-        meta = {"name": entry["index"], "hash": entry["index_hash"],
-                "bytes": entry["index_bytes"]}
+        meta = CacheItem(entry.index, entry.index_hash, entry.index_bytes)
         held = self.cache.open(self.storage.url, meta, lambda tmp: self.storage.download(
-            entry["index"], tmp, entry["index_bytes"]))
+            entry.index, tmp, entry.index_bytes))
         try:
             with open(held.path, "rb") as f:
                 return f.read()
@@ -118,7 +121,7 @@ class CachedAccess(ShardAccess):
 
     def _downloader(self, shard: int):
         meta = self.shards[shard]
-        return lambda tmp: self.storage.download(meta["name"], tmp, meta["bytes"])
+        return lambda tmp: self.storage.download(meta.name, tmp, meta.bytes)
 
     def open(self, shard: int) -> tuple[str, object]:
         entry = self.cache.open(self.storage.url, self.shards[shard], self._downloader(shard))
@@ -152,7 +155,7 @@ class RangedAccess(ShardAccess):
     name = "ranged"
     prefetches = True
 
-    def __init__(self, storage: Storage, shards: list[dict], index, burst: Burst,
+    def __init__(self, storage: Storage, shards: Sequence[fmt.ShardEntry], index, burst: Burst,
                  mean_sample: float):
         super().__init__(storage, shards)
         self.index = index  # the reader's (checked) index of a shard
@@ -181,7 +184,7 @@ class RangedAccess(ShardAccess):
 
     def rows_per_chunk(self, shard: int) -> int:
         meta = self.shards[shard]
-        return max(1, CHUNK_BYTES * meta["samples"] // max(1, meta["bytes"]))
+        return max(1, CHUNK_BYTES * meta.samples // max(1, meta.bytes))
 
     def unit_keys(self, shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
         per = np.array([self.rows_per_chunk(s) for s in range(len(self.shards))])
@@ -233,7 +236,7 @@ class RangedAccess(ShardAccess):
         per = self.rows_per_chunk(shard)
         first, last = number * per, min(index.num_samples, (number + 1) * per)
         start, end = int(index.starts[first]), int(index.starts[last])
-        data = self.storage.read_bytes(self.shards[shard]["name"], start, end)
+        data = self.storage.read_bytes(self.shards[shard].name, start, end)
         with self._lock:
             self._chunks[(shard, number)] = (data, start)
             self._chunk_bytes += len(data)
@@ -254,7 +257,7 @@ class _Flight:
         self.error = None
 
 
-def make_access(storage: Storage, shards: list[dict], *, index, cache_dir=None,
+def make_access(storage: Storage, shards: Sequence[fmt.ShardEntry], *, index, cache_dir=None,
                 cache_limit="50GB", prefetch: int = 2, burst: Burst | None = None,
                 mean_sample: float = 0.0) -> ShardAccess:
     """The mode for a dataset at ``storage``: local files are mapped where they are; remote

@@ -324,7 +324,7 @@ def new_buffer(nbytes: int, shared: bool) -> "torch.Tensor":
 def by_shard(shards: np.ndarray):
     """(shard, selection) for each shard in ``shards``, in shard order; the selection indexes
     the positions of that shard (all of them, as a slice, when there is only one)."""
-    used = sorted(set(shards.tolist()))  # (np.unique imports numpy.ma: 0.15 s a worker)
+    used = sorted(set(shards.tolist()))  # (np.unique imports numpy.ma, slow in each worker)
     for shard in used:
         yield shard, (np.flatnonzero(shards == shard) if len(used) > 1 else slice(None))
 
@@ -334,4 +334,5 @@ def slices(srcs: list, starts: np.ndarray, sizes: np.ndarray) -> list:
                                                             strict=True)]
 
 
-_JOIN_LIMIT = 1 << 20  # fields up to this size: join, then one copy (faster to ~2 MB here)
+_JOIN_LIMIT = 1 << 20  # fields up to this size: join, then one copy (docs/reading.md,
+#                       "Efficiency")

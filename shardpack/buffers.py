@@ -2,8 +2,8 @@
 
 A DataLoader worker normally hands every batch tensor over in a new shared-memory segment: the
 worker creates it, the kernel zeroes and maps fresh pages on both sides, and both unmap it when the
-batch dies.  For a 25.6 MB batch that costs 28 ms in the worker alone here, against 4 ms to copy
-the same bytes into memory that is already mapped (docs/reading.md, "Batch buffers").
+batch dies.  That costs several times more than copying the same bytes into memory that is
+already mapped (figures: docs/reading.md, "Batch buffers").
 
 A :class:`SlotPool` is an anonymous shared mapping of fixed-size slots that the dataset creates in
 the training process, before the DataLoader forks its workers, so every worker inherits it.  A

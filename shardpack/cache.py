@@ -50,6 +50,19 @@ def default_cache_dir() -> str:
     return base
 
 
+@dataclass(frozen=True, slots=True)
+class CacheItem:
+    """A file the cache holds: its name in the dataset, its xxh3-128 and its size.  A manifest's
+    :class:`~shardpack.format.ShardEntry` has these attributes too and is passed as it is; an
+    index is passed as ``CacheItem(entry.index, entry.index_hash, entry.index_bytes)``."""
+    name: str
+    hash: str
+    bytes: int
+
+
+CacheFile = CacheItem | fmt.ShardEntry  # anything with name, hash and bytes
+
+
 @dataclass
 class CacheEntry:
     path: str
@@ -81,18 +94,18 @@ class ShardCache:
         finally:
             os.close(fd)
 
-    def entry_path(self, dataset_url: str, shard: dict) -> str:
+    def entry_path(self, dataset_url: str, shard: CacheFile) -> str:
         folder = xxhash.xxh3_64_hexdigest(dataset_url.rstrip("/").encode())
-        return os.path.join(self.root, folder, f"{shard['hash'][:32]}-{shard['name']}")
+        return os.path.join(self.root, folder, f"{shard.hash[:32]}-{shard.name}")
 
     # -- the one entry point --------------------------------------------------------------------
-    def open(self, dataset_url: str, shard: dict, download,
+    def open(self, dataset_url: str, shard: CacheFile, download,
              wait: bool = True) -> CacheEntry | None:
-        """The cached file of ``shard`` (a manifest entry), fetching it with ``download(path)``
-        when missing (which may return the content hash of what it wrote, else the file is
-        hashed here).  The caller must ``close()`` the entry when done reading.  With
-        ``wait=False``, None instead of waiting while another process or thread fetches it (a
-        prefetcher moves on to the next shard)."""
+        """The cached file of ``shard`` (a manifest entry or :class:`CacheItem`), fetching it
+        with ``download(path)`` when missing (which may return the content hash of what it
+        wrote, else the file is hashed here).  The caller must ``close()`` the entry when done
+        reading.  With ``wait=False``, None instead of waiting while another process or thread
+        fetches it (a prefetcher moves on to the next shard)."""
         path = self.entry_path(dataset_url, shard)
         for _ in range(2):
             entry = self._get(path, shard, download, wait)
@@ -108,7 +121,7 @@ class ShardCache:
                              path=path, hint="the remote shard itself may be bad: run "
                                              "'shardpack verify' on the dataset")
 
-    def _get(self, path: str, shard: dict, download, wait: bool = True) -> CacheEntry | None:
+    def _get(self, path: str, shard: CacheFile, download, wait: bool = True) -> CacheEntry | None:
         folder, name = os.path.split(path)
         os.makedirs(folder, exist_ok=True)
         while True:
@@ -135,19 +148,19 @@ class ShardCache:
                 continue
             try:
                 digest = download(tmp)  # the content hash when computed on the way, or None
-                if os.path.getsize(tmp) != shard["bytes"]:
+                if os.path.getsize(tmp) != shard.bytes:
                     raise IntegrityError(f"downloaded {os.path.getsize(tmp)} bytes, the "
-                                         f"manifest says {shard['bytes']}", path=shard["name"])
-                if (digest or _file_hash(tmp)) != shard["hash"]:
+                                         f"manifest says {shard.bytes}", path=shard.name)
+                if (digest or _file_hash(tmp)) != shard.hash:
                     raise IntegrityError("downloaded shard does not match the manifest's hash",
-                                         path=shard["name"])
+                                         path=shard.name)
                 # no fsync: a process re-hashes a cache file before its first use unless it
                 # carries a stamp of this boot, so one torn by a crash (a new boot) is refetched;
                 # fsync cost 15-20% of a cold remote epoch
-                _stamp(tfd, shard["hash"], own=True)  # before anyone can find it (by inode)
+                _stamp(tfd, shard.hash, own=True)  # before anyone can find it (by inode)
                 st = os.fstat(tfd)
                 with self._global():
-                    self._evict(shard["bytes"], keep=path)
+                    self._evict(shard.bytes, keep=path)
                     os.replace(tmp, path)
                     self._verified.add((path, st.st_size, st.st_mtime_ns))  # == _identity(path)
                     # the same open file now is the cache entry: turn the writer's exclusive
@@ -199,17 +212,17 @@ class ShardCache:
             os.unlink(full)  # lock free: its writer died
         return None
 
-    def _verify(self, entry: CacheEntry, shard: dict) -> bool:
+    def _verify(self, entry: CacheEntry, shard: CacheFile) -> bool:
         ident = _identity(entry.path, entry.fd)
         if ident in self._verified:
             return True
-        if ident[1] != shard["bytes"]:
+        if ident[1] != shard.bytes:
             return False
-        if _stamp_ok(entry.fd, shard["hash"]):
+        if _stamp_ok(entry.fd, shard.hash):
             self.stats["stamped"] += 1
-        elif _file_hash(entry.path) == shard["hash"]:
+        elif _file_hash(entry.path) == shard.hash:
             self.stats["rehashed"] += 1
-            _stamp(entry.fd, shard["hash"])
+            _stamp(entry.fd, shard.hash)
         else:
             return False
         self._verified.add(ident)

@@ -297,30 +297,32 @@ def info(dataset, as_json, storage_options):
     from .reader import DatasetReader
 
     m = DatasetReader(dataset, _parse_options(storage_options)).manifest
-    summary = {k: v for k, v in m.items() if k != "shards"}
-    summary["dataset"] = dataset
-    summary["index_bytes"] = sum(s["index_bytes"] for s in m["shards"])
-    summary["index_bytes_per_sample"] = summary["index_bytes"] / max(1, m["num_samples"])
-    if as_json:
+    index_bytes = sum(s.index_bytes for s in m.shards)
+    samples = m.num_samples or 0
+    if as_json:  # the manifest as written, newer keys included
+        summary = {k: v for k, v in m.raw.items() if k != "shards"}
+        summary["dataset"] = dataset
+        summary["index_bytes"] = index_bytes
+        summary["index_bytes_per_sample"] = index_bytes / max(1, samples)
         click.echo(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False))
         return
-    classes = m.get("classes")
+    classes = m.classes
+    num_bytes = m.num_bytes or 0
     rows = [
-        ("dataset", f"{dataset} (shardpack format v{m['version']})"),
-        ("format", f"{m['shard_format']}, compression {m['compression']}"),
-        ("samples", f"{m['num_samples']:,} in {plural(m['num_shards'], 'shard')}"),
-        ("bytes", f"{m['num_bytes']:,} ({m['num_bytes'] / 1e6:,.1f} MB)"),
-        ("fields", ", ".join(m["fields"])),
+        ("dataset", f"{dataset} (shardpack format v{m.version})"),
+        ("format", f"{m.shard_format}, compression {m.compression}"),
+        ("samples", f"{samples:,} in {plural(m.num_shards or len(m.shards), 'shard')}"),
+        ("bytes", f"{num_bytes:,} ({num_bytes / 1e6:,.1f} MB)"),
+        ("fields", ", ".join(m.fields)),
         ("classes", f"{len(classes)}: " + ", ".join(classes[:20]) +
          (", ..." if len(classes) > 20 else "") if classes else "none"),
     ]
-    index_bytes = sum(s["index_bytes"] for s in m["shards"])
-    rows.append(("index", f"{index_bytes / max(1, m['num_samples']):,.1f} bytes per sample "
+    rows.append(("index", f"{index_bytes / max(1, samples):,.1f} bytes per sample "
                           f"({index_bytes / 1e6:,.1f} MB)"))
-    if m.get("skipped"):
-        rows.append(("skipped", ", ".join(f"{v} {k}" for k, v in m["skipped"].items())))
-    if m.get("ignored"):
-        rows.append(("ignored", f"{m['ignored']:,} files neither images nor sidecars"))
+    if m.skipped:
+        rows.append(("skipped", ", ".join(f"{v} {k}" for k, v in m.skipped.items())))
+    if m.ignored:
+        rows.append(("ignored", f"{m.ignored:,} files neither images nor sidecars"))
     for name, value in rows:
         click.echo(f"{name:<9} {value}")
 
@@ -364,7 +366,7 @@ def ls_(dataset, long_, storage_options):
             key = index.key(row)
             if long_:
                 fields = " ".join(f"{n}:{s}" for n, _, s in index.sample_fields(row))
-                out.write(f"{key}\t{entry['name']}\t{fields}\n")
+                out.write(f"{key}\t{entry.name}\t{fields}\n")
             else:
                 out.write(key + "\n")
 

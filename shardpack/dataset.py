@@ -131,7 +131,7 @@ class ShardDataset(IterableDataset):
         return value if value >= 0 else self._local_epoch
 
     def _shard_sizes(self) -> list[int]:
-        return [s["samples"] for s in self.reader.shards]
+        return [s.samples for s in self.reader.shards]
 
     def __len__(self) -> int:
         """Samples this rank yields in a full epoch (the same on every rank)."""

@@ -139,8 +139,8 @@ def decode_image(data, opts: CropOptions, rnd: SampleRandom | None = None) -> np
 
 
 def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
-    """Antialiased bilinear resize of uint8 HWC with torch's channels-last uint8 kernel: measured
-    ~0.25 ms for a 240x240 crop here, against ~1.2 ms for Pillow's resize."""
+    """Antialiased bilinear resize of uint8 HWC with torch's channels-last uint8 kernel, several
+    times faster than Pillow's resize here (docs/device.md)."""
     from .torchenv import torch
 
     x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]

@@ -188,7 +188,8 @@ class RayEngine(Engine):
         self._task = ray.remote(max_retries=3, num_cpus=1)(_call)
 
     def _submit(self, fn, *args) -> "_RayFuture":
-        # not ObjectRef.future(): its callbacks made a 20k-file pack take 2x as long here
+        # not ObjectRef.future(): its callbacks are slow (docs/benchmarks.md, "Engines and the
+        # walk")
         return _RayFuture(self.ray, self._task.remote(fn, *args))
 
     def close(self) -> None:

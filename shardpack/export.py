@@ -147,7 +147,7 @@ def _export_shards(reader, storage: Storage, to: str, limit: int, int_cls: bool,
         summary.files = len(written)
         marker = {"format": "shardpack-export", "to": to, "dataset": reader.storage.url,
                   "samples": summary.samples, "bytes": summary.bytes, "files": written,
-                  "fields": reader.fields, "classes": reader.manifest.get("classes")}
+                  "fields": reader.fields, "classes": fmt.thaw(reader.manifest.classes)}
         storage.write_atomic(MARKER_NAME, fmt.encode_manifest(marker))
     except BaseException:
         with contextlib.suppress(Exception):  # the error that stopped the export is the news
@@ -311,7 +311,7 @@ def _next_record(reader, samples, upper: set) -> bytes | None:
 def _parquet_schema(reader, int_cls: bool):
     import pyarrow as pa
 
-    classes = reader.manifest.get("classes")
+    classes = fmt.thaw(reader.manifest.classes)
     columns = [pa.field(fmt.KEY_FIELD, pa.string(), nullable=False)]
     features = {fmt.KEY_FIELD: {"dtype": "string", "_type": "Value"}}
     for name in reader.fields:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from dataclasses import field as dataclass_field
+from types import MappingProxyType
+from typing import Iterable, Mapping, Sequence
 
 import crc32c as _crc32c
 import msgpack
@@ -694,8 +697,139 @@ def encode_manifest(manifest: dict) -> bytes:
     return (json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode()
 
 
-def decode_manifest(data: bytes, path: str | None = None) -> dict:
-    manifest = _parse_manifest(data, path)
+@dataclass(frozen=True, slots=True)
+class ShardEntry:
+    """One ``shards`` entry of a decoded manifest (docs/format.md): shard N's file names, its
+    sample count, and the size and xxh3-128 of the shard and of its index."""
+    name: str
+    index: str
+    samples: int
+    bytes: int
+    hash: str
+    index_bytes: int
+    index_hash: str
+
+    @classmethod
+    def from_dict(cls, entry: dict) -> ShardEntry:
+        return cls(*_shard_values(entry))
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in _SHARD_KEYS}
+
+
+_shard_values = operator.itemgetter(*_SHARD_KEYS)
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """``pack --part I/N``: the manifest's ``part`` record."""
+    index: int
+    count: int
+
+
+def _freeze(value):
+    """JSON values made read-only: lists to tuples, objects to read-only mappings."""
+    if isinstance(value, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def thaw(value):
+    """The JSON value of a manifest attribute: the inverse of the read-only forms (tuples to
+    lists, mappings to dicts, :class:`Part` and :class:`ShardEntry` to objects)."""
+    if isinstance(value, (ShardEntry, Part)):
+        return {k: getattr(value, k) for k in value.__slots__}
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A decoded, checked manifest (docs/format.md): every key pack, merge and convert write, as
+    read-only values (lists as tuples, objects as read-only mappings).  An optional key the
+    file lacks is None.  ``raw`` is the decoded JSON as read, for keys a newer release may add
+    and for tools that print it; :meth:`to_dict` gives the JSON of the typed values."""
+    format: str
+    version: int
+    shard_format: str
+    compression: str
+    hash: str
+    fields: tuple[str, ...]
+    shards: tuple[ShardEntry, ...]
+    num_samples: int | None = None
+    num_shards: int | None = None
+    num_bytes: int | None = None
+    classes: tuple[str, ...] | None = None
+    layout: str | None = None
+    skipped: Mapping[str, int] | None = None  # reason -> count, read-only
+    hidden: int | None = None
+    group: str | None = None
+    ignored: int | None = None
+    preprocessing: Mapping[str, int] | None = None
+    part: Part | None = None
+    merged_from: int | None = None
+    source: Mapping | None = None
+    raw: dict = dataclass_field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, manifest: dict, path: str | None = None) -> Manifest:
+        """Check ``manifest`` (a decoded JSON object) as :func:`decode_manifest` does, and type
+        it; raises :class:`FormatError` or :class:`VersionError`."""
+        _check_manifest(manifest, path)
+        try:
+            return cls._typed(manifest)
+        except RecursionError:  # a 'source' or 'preprocessing' nested past the stack
+            raise FormatError("manifest is nested too deeply", path=path) from None
+
+    @classmethod
+    def _typed(cls, manifest: dict) -> Manifest:
+        """A checked manifest object, typed."""
+        part = manifest.get("part")
+        values = {k: _freeze(manifest.get(k)) for k in _MANIFEST_KEYS}
+        values.update(
+            shards=tuple(ShardEntry(*_shard_values(s)) for s in manifest["shards"]),
+            part=Part(part["index"], part["count"]) if part is not None else None)
+        return cls(**values, raw=manifest)
+
+    def __reduce__(self):
+        # read-only mappings do not pickle: a reader travels to DataLoader workers as its JSON
+        return (_typed_manifest, (self.to_dict(),))
+
+    def to_dict(self) -> dict:
+        """The manifest as a JSON object: ``raw``'s keys (unknown ones included, their values
+        shared with ``raw``), each typed key from its attribute; an optional key the file
+        lacked stays out while it is None."""
+        out = dict(self.raw)
+        for key in _MANIFEST_KEYS + ("shards", "part"):
+            value = getattr(self, key)
+            if value is not None or key in self.raw:
+                out[key] = thaw(value)
+        return out
+
+
+def _typed_manifest(manifest: dict) -> Manifest:
+    return Manifest._typed(manifest)
+
+
+_MANIFEST_KEYS = ("format", "version", "shard_format", "compression", "hash", "fields",
+                  "num_samples", "num_shards", "num_bytes", "classes", "layout", "skipped",
+                  "hidden", "group", "ignored", "preprocessing", "merged_from", "source")
+
+
+def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
+    """The manifest file's bytes, parsed and checked: a :class:`Manifest`."""
+    return Manifest.from_dict(_parse_manifest(data, path), path)
+
+
+def _check_manifest(manifest: dict, path: str | None) -> None:
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise FormatError(f"not a shardpack manifest (no \"format\": \"{MANIFEST_FORMAT}\")",
+                          path=path)
     _check_manifest_codes(manifest, path)
     shards = manifest.get("shards")
     if not isinstance(shards, list) or any(
@@ -708,11 +842,10 @@ def decode_manifest(data: bytes, path: str | None = None) -> dict:
     if sum(s["samples"] for s in shards) >= MAX_COUNT:
         raise FormatError("manifest shards hold more samples than any dataset can", path=path)
     _check_manifest_values(manifest, path)
-    return manifest
 
 
-def _parse_manifest(data: bytes, path: str | None) -> dict:
-    """The JSON object, with a key written twice in one object refused."""
+def _parse_manifest(data: bytes, path: str | None):
+    """The JSON value, with a key written twice in one object refused."""
     try:
         manifest = json.loads(data, object_pairs_hook=_unique_keys)
     except _DuplicateKey as exc:
@@ -721,9 +854,6 @@ def _parse_manifest(data: bytes, path: str | None) -> dict:
     except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, UTF-8, huge integers
         what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise FormatError(f"manifest is not valid JSON: {what}", path=path) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise FormatError(f"not a shardpack manifest (no \"format\": \"{MANIFEST_FORMAT}\")",
-                          path=path)
     return manifest
 
 

@@ -65,15 +65,15 @@ class MergeSummary:
 class _Part:
     url: str
     storage: Storage
-    manifest: dict
+    manifest: fmt.Manifest
 
     @property
-    def record(self) -> dict | None:
-        return self.manifest.get("part")
+    def record(self) -> fmt.Part | None:
+        return self.manifest.part
 
     def label(self) -> str:
         r = self.record
-        return f"{self.url} (part {r['index']}/{r['count']})" if r else self.url
+        return f"{self.url} (part {r.index}/{r.count})" if r else self.url
 
 
 def merge(parts, out, *, storage_options: dict | None = None, overwrite: bool = False,
@@ -128,26 +128,26 @@ def _manifest(parts: list[_Part], entries: list[dict], fields: set, skipped: dic
     first = parts[0].manifest
     manifest = {
         "format": fmt.MANIFEST_FORMAT,
-        "version": first["version"],
-        "shard_format": first["shard_format"],
-        "compression": first["compression"],
+        "version": first.version,
+        "shard_format": first.shard_format,
+        "compression": first.compression,
         "hash": fmt.HASH_NAME,
         "num_samples": sum(e["samples"] for e in entries),
         "num_shards": len(entries),
         "num_bytes": sum(e["bytes"] for e in entries),
         "fields": sorted(fields),
-        "classes": first.get("classes"),
-        "layout": first.get("layout"),
+        "classes": fmt.thaw(first.classes),
+        "layout": first.layout,
         "skipped": skipped,
         "hidden": sum(counts["hidden"]),
-        "group": first.get("group"),
+        "group": first.group,
         "ignored": sum(counts["ignored"]),
-        "preprocessing": first.get("preprocessing"),
+        "preprocessing": fmt.thaw(first.preprocessing),
         "part": None,
         "merged_from": len(parts),
         "shards": entries,
     }
-    sources = [p.manifest["source"] for p in parts if isinstance(p.manifest.get("source"), dict)]
+    sources = [p.manifest.source for p in parts if p.manifest.source is not None]
     if sources:  # converted parts (their source format agrees): their notes, once each
         notes = [n for s in sources for n in (s.get("notes") or []) if isinstance(n, str)]
         manifest["source"] = {"from": sources[0].get("from"), "notes": list(dict.fromkeys(notes))}
@@ -160,7 +160,7 @@ def _open(url: str, storage_options: dict | None) -> _Part:
     """A finished dataset: its manifest must be there and decode (DatasetReader says which part
     it is not)."""
     reader = DatasetReader(url, storage_options)
-    if not reader.shards and not reader.manifest.get("part"):  # (a part of a split may be
+    if not reader.shards and reader.manifest.part is None:  # (a part of a split may be
         raise ShardpackError("part holds no shards", path=url)  # empty: it adds nothing)
     return _Part(url, reader.storage, reader.manifest)
 
@@ -193,14 +193,14 @@ def _order(parts: list[_Part]) -> list[_Part]:
         raise ShardpackError(f"{split[0].label()} is a part of a split (pack --part), "
                              f"{other.url} is not: merge the parts of one split, or datasets "
                              "packed without --part")
-    count = split[0].record["count"]
+    count = split[0].record.count
     for p in split[1:]:
-        if p.record["count"] != count:
+        if p.record.count != count:
             raise ShardpackError(f"{p.label()} and {split[0].label()} come from splits into "
                                  "different numbers of parts: merge the parts of one split")
     by_index: dict[int, _Part] = {}
     for p in split:
-        i = p.record["index"]
+        i = p.record.index
         if i in by_index:
             raise ShardpackError(f"part {i}/{count} is given twice: {by_index[i].url} and "
                                  f"{p.url}")
@@ -227,53 +227,43 @@ def _check_agree(parts: list[_Part]) -> None:
         for key in AGREE + ("source.from",):
             a, b = _agreed(first.manifest, key), _agreed(p.manifest, key)
             if a != b:
-                raise ShardpackError(f"{key} is {_short(b)} here, but {_short(a)} in "
+                raise ShardpackError(f"{key} is {_short(fmt.thaw(b))} here, but "
+                                     f"{_short(fmt.thaw(a))} in "
                                      f"{first.url}", path=p.url,
                                      hint="merge needs parts that agree on "
                                           + ", ".join(AGREE))
 
 
-def _agreed(manifest: dict, key: str):
+def _agreed(manifest: fmt.Manifest, key: str):
     if key == "source.from":  # converted datasets: from the same source format
-        source = manifest.get("source")
-        return source.get("from") if isinstance(source, dict) else None
-    return manifest.get(key)
+        return manifest.source.get("from") if manifest.source is not None else None
+    return getattr(manifest, key)
 
 
 def _count_of(part: _Part, key: str) -> int:
-    value = part.manifest.get(key) or 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise fmt.FormatError(f"manifest {key!r} must be a non-negative integer, found "
-                              f"{_short(value)}", path=part.storage.display(fmt.MANIFEST_NAME))
-    return value
+    """``hidden`` or ``ignored`` (decode_manifest checked them), 0 when absent."""
+    return getattr(part.manifest, key) or 0
 
 
 def _skipped(parts: list[_Part]) -> dict:
     total: Counter = Counter()
-    for p in parts:
-        skipped = p.manifest.get("skipped") or {}
-        if not isinstance(skipped, dict) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                for v in skipped.values()):
-            raise fmt.FormatError(f"manifest 'skipped' must map reasons to counts, found "
-                                  f"{_short(skipped)}",
-                                  path=p.storage.display(fmt.MANIFEST_NAME))
-        total.update(skipped)
+    for p in parts:  # counts checked by decode_manifest
+        total.update(p.manifest.skipped or {})
     return dict(sorted(total.items()))
 
 
 def _read_index(part: _Part, number: int) -> fmt.ShardIndex:
     """Shard ``number``'s index, checked against the part's manifest as every reader does."""
-    entry = part.manifest["shards"][number]
-    path = part.storage.display(entry["index"])
-    data = part.storage.read_bytes(entry["index"])
-    if len(data) != entry["index_bytes"] or fmt.content_hash(data) != entry["index_hash"]:
+    entry = part.manifest.shards[number]
+    path = part.storage.display(entry.index)
+    data = part.storage.read_bytes(entry.index)
+    if len(data) != entry.index_bytes or fmt.content_hash(data) != entry.index_hash:
         raise IntegrityError("index does not match its part's manifest (size or hash)",
                              path=path, hint="run shardpack verify on the part")
     index = fmt.decode_index(data, path)
     if (index.num_samples, index.shard_bytes, index.shard_hash.hex(), index.shard_format,
-            index.compression) != (entry["samples"], entry["bytes"], entry["hash"],
-                                   part.manifest["shard_format"], part.manifest["compression"]):
+            index.compression) != (entry.samples, entry.bytes, entry.hash,
+                                   part.manifest.shard_format, part.manifest.compression):
         raise IntegrityError("index disagrees with its part's manifest on the shard's samples, "
                              "size, hash, format or compression", path=path,
                              hint="run shardpack verify on the part")
@@ -291,7 +281,7 @@ def _check_keys(parts: list[_Part], progress: bool) -> set:
     """Read every index (checked) and refuse a key that is in two parts.  Keeps 8 bytes per
     key (its xxh3-64) in one array, sorted; equal hashes in different parts are confirmed by
     comparing the keys themselves.  Returns the union of the indexes' field names."""
-    jobs = [(pi, si) for pi, p in enumerate(parts) for si in range(len(p.manifest["shards"]))]
+    jobs = [(pi, si) for pi, p in enumerate(parts) for si in range(len(p.manifest.shards))]
     fields: set = set()
     hashes: list[np.ndarray] = []
     bar = _bar(progress, len(jobs), "reading indexes")
@@ -340,8 +330,8 @@ def _check_keys(parts: list[_Part], progress: bool) -> set:
                 a, b = parts[pa], parts[pb]
                 raise ShardpackError(
                     f"sample key {key!r} is in two parts: {a.url} "
-                    f"({a.manifest['shards'][sa]['name']}) and {b.url} "
-                    f"({b.manifest['shards'][sb]['name']})",
+                    f"({a.manifest.shards[sa].name}) and {b.url} "
+                    f"({b.manifest.shards[sb].name})",
                     hint="the parts of a merge must hold different samples")
             first_of.setdefault(key, (pi, si))
     return fields
@@ -378,10 +368,10 @@ def _place(storage: Storage, parts: list[_Part], summary: MergeSummary,
            progress: bool) -> list[dict]:
     """Every shard and index of the parts into OUT, renumbered in merge order; their manifest
     entries.  On any failure, what was put into OUT is removed."""
-    shard_format = parts[0].manifest["shard_format"]
-    jobs = [(p, entry) for p in parts for entry in p.manifest["shards"]]
+    shard_format = parts[0].manifest.shard_format
+    jobs = [(p, entry) for p in parts for entry in p.manifest.shards]
     entries = [{"name": fmt.shard_name(n, shard_format), "index": fmt.index_name(n),
-                **{k: entry[k] for k in ("samples", "bytes", "hash", "index_bytes",
+                **{k: getattr(entry, k) for k in ("samples", "bytes", "hash", "index_bytes",
                                          "index_hash")}}
                for n, (_, entry) in enumerate(jobs)]
     started: list[str] = []  # names in OUT a job began to write (removed on failure)
@@ -408,12 +398,12 @@ def _place(storage: Storage, parts: list[_Part], summary: MergeSummary,
     def job(number: int) -> None:
         part, entry = jobs[number]
         new = entries[number]
-        put(part, entry["name"], new["name"], entry["bytes"], entry["hash"])
-        put(part, entry["index"], new["index"], entry["index_bytes"], entry["index_hash"])
+        put(part, entry.name, new["name"], entry.bytes, entry.hash)
+        put(part, entry.index, new["index"], entry.index_bytes, entry.index_hash)
         # indexes are small: read back and hashed whichever way they came
         data = storage.read_bytes(new["index"])
-        if len(data) != entry["index_bytes"] or fmt.content_hash(data) != entry["index_hash"]:
-            raise IntegrityError(f"the copy of {part.storage.display(entry['index'])} does not "
+        if len(data) != entry.index_bytes or fmt.content_hash(data) != entry.index_hash:
+            raise IntegrityError(f"the copy of {part.storage.display(entry.index)} does not "
                                  "match its part's manifest", path=storage.display(new["index"]))
 
     bar = _bar(progress, len(jobs), "merging")

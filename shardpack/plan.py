@@ -90,6 +90,10 @@ class PackOptions:
 
 @dataclass(frozen=True)
 class ShardTask:
+    """One shard to write: its samples, whose fields name their readers
+    (:mod:`shardpack.fields`), and the options.  Small and picklable: it crosses to worker
+    processes and cluster workers."""
+
     number: int
     samples: tuple[SourceSample, ...]
     options: PackOptions
@@ -108,6 +112,21 @@ class ShardTask:
                 if f.value is not None:
                     h.update(f.value)
         return h.intdigest()
+
+    def open_readers(self, storage_options: dict | None = None) -> dict:
+        """The readers this task's fields need: ``{reader class: reader}``, one per class its
+        fields name (``SourceField.reader``), each opened on its own fields in task order."""
+        kinds: dict = {}
+        for s in self.samples:
+            for f in s.fields:
+                kind = kinds.get(f.reader)
+                if kind is None:
+                    if f.reader is None:
+                        raise ShardpackError(f"field {f.name!r} of sample {s.key!r} names no "
+                                             "reader (SourceField.reader)")
+                    kind = kinds[f.reader] = []
+                kind.append(f)
+        return {reader: reader(fields, storage_options) for reader, fields in kinds.items()}
 
 
 class FieldCensus:

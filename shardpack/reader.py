@@ -53,10 +53,10 @@ class DatasetReader:
                 path=self.storage.url,
                 hint="an interrupted pack has no manifest: rerun it with --resume") from None
         self.manifest = fmt.decode_manifest(data, self.storage.display(fmt.MANIFEST_NAME))
-        self.shards: list[dict] = self.manifest["shards"]
+        self.shards: tuple[fmt.ShardEntry, ...] = self.manifest.shards
         self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)
-        np.cumsum([s["samples"] for s in self.shards], out=self.offsets[1:])
-        mean = self.manifest.get("num_bytes", 0) / max(1, int(self.offsets[-1]))
+        np.cumsum([s.samples for s in self.shards], out=self.offsets[1:])
+        mean = (self.manifest.num_bytes or 0) / max(1, int(self.offsets[-1]))
         self.access = make_access(self.storage, self.shards, index=self.index,
                                   cache_dir=cache_dir, cache_limit=cache_limit,
                                   prefetch=prefetch, burst=burst or Burst(),
@@ -101,10 +101,10 @@ class DatasetReader:
 
     @property
     def fields(self) -> list[str]:
-        return self.manifest["fields"]
+        return list(self.manifest.fields)
 
     def shard_path(self, shard: int) -> str:
-        return self.storage.display(self.shards[shard]["name"])
+        return self.storage.display(self.shards[shard].name)
 
     def index(self, shard: int) -> fmt.ShardIndex:
         """The index of shard number ``shard``, checked against the manifest's size and hash."""
@@ -112,17 +112,17 @@ class DatasetReader:
         if cached is not None:
             return cached
         entry = self.shards[shard]
-        path = self.storage.display(entry["index"])
+        path = self.storage.display(entry.index)
         data = self.access.index_bytes(shard)
-        if len(data) != entry["index_bytes"]:
+        if len(data) != entry.index_bytes:
             raise IntegrityError(f"index is {len(data)} bytes, the manifest says "
-                                 f"{entry['index_bytes']}", path=path)
-        if fmt.content_hash(data) != entry["index_hash"]:
+                                 f"{entry.index_bytes}", path=path)
+        if fmt.content_hash(data) != entry.index_hash:
             raise IntegrityError("index hash does not match the manifest (same size, other "
                                  "bytes: corrupt, or from another version of the dataset)",
                                  path=path)
         index = fmt.decode_index(data, path)
-        if index.num_samples != entry["samples"] or index.shard_bytes != entry["bytes"]:
+        if index.num_samples != entry.samples or index.shard_bytes != entry.bytes:
             raise IntegrityError("index disagrees with the manifest on sample count or shard "
                                  "size", path=path)
         self._indexes[shard] = index
@@ -154,7 +154,7 @@ class DatasetReader:
             return None
         path, entry = opened
         try:
-            view, identity = _map(path, self.shards[shard]["bytes"], self.shard_path(shard))
+            view, identity = _map(path, self.shards[shard].bytes, self.shard_path(shard))
             if self._copies.get(shard) != identity:
                 # another file than the one this process checked samples of (replaced since,
                 # or first seen): what was checked says nothing about it
@@ -297,7 +297,7 @@ class DatasetReader:
             else:
                 requests.append([shard, start, end, [(row, start, end)]])
 
-        got = self.storage.read_ranges([(self.shards[shard]["name"], first, last)
+        got = self.storage.read_ranges([(self.shards[shard].name, first, last)
                                         for shard, first, last, _ in requests])
         pieces = {}
         for (shard, first, _, members), data in zip(requests, got, strict=True):
@@ -359,7 +359,7 @@ class DatasetReader:
     def iter_shard(self, shard: int):
         """Every sample of one shard, from one sequential read of the shard file."""
         index = self.index(shard)
-        data = self.storage.read_bytes(self.shards[shard]["name"])
+        data = self.storage.read_bytes(self.shards[shard].name)
         path = self.shard_path(shard)
         if len(data) != index.shard_bytes:
             raise FormatError(f"shard is {len(data)} bytes, the index says {index.shard_bytes}",

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
 from .errors import PackError, ShardpackError, SourceError
+from .fields import FieldReader, InlineValue, LocalFiles, RemoteFiles
 from .format import check_field_name, split_name, unsafe_name_reason
 from .images import IMAGE_EXTENSIONS
 
@@ -48,15 +49,19 @@ GROUPS = ("auto", "image", "webdataset")
 
 
 class SourceField(NamedTuple):
-    """One field of a source sample, in one of three forms:
+    """One field of a source sample, read in the shard writer by its ``reader`` (a
+    :class:`~shardpack.fields.FieldReader` class, chosen by the walk or the source that made the
+    field).  Its forms:
 
-    * a whole file: ``path`` set, ``offset`` None (``pack`` of a file tree);
+    * a whole file: ``path`` set, ``offset`` None (``pack`` of a file tree; ``LocalFiles``,
+      ``RemoteFiles``);
     * a byte range of a container file: ``path`` is the container's URL and ``offset`` where the
-      field's ``size`` bytes start (``convert`` of uncompressed tar, MDS or LitData shards);
+      field's ``size`` bytes start (``convert`` of uncompressed tar, MDS or LitData shards;
+      ``sources.common.ByteRanges``);
     * a Parquet cell: ``path`` is the file's URL, ``column`` the column (a path into structs, e.g.
-      ``("image", "bytes")``) and ``offset`` the row in the file: the writer reads the row group;
+      ``("image", "bytes")``) and ``offset`` the row in the file (``sources.parquet.ParquetCells``);
     * an inline value: ``path`` None and ``value`` the bytes (class index, listing column, fields
-      that a converter had to decode from compressed sources).
+      that a converter had to decode from compressed sources; ``InlineValue``).
     """
 
     name: str
@@ -66,6 +71,30 @@ class SourceField(NamedTuple):
     value: bytes | None = None  # inline value (class index, listing column)
     offset: int | None = None   # start of the field inside the container ``path`` (or row)
     column: tuple[str, ...] | None = None  # Parquet column of the cell (``offset`` = its row)
+    reader: type[FieldReader] | None = None  # reads this field in the shard writer
+
+
+def file_field(name: str, path: str, size: int, mtime_ns: int) -> SourceField:
+    """A whole local file: read (and checked for changes since the walk) by the writer."""
+    return SourceField(name, path, size, mtime_ns, None, None, None, LocalFiles)
+
+
+def value_field(name: str, data: bytes) -> SourceField:
+    """A field whose bytes travel in it."""
+    return SourceField(name, None, len(data), 0, data, None, None, InlineValue)
+
+
+def check_key(key: str, seen) -> tuple[str, str] | None:
+    """Why ``key`` cannot be the next sample's key, as ``(reason, kind)``: unsafe as a path
+    (``bad-key``) or already in ``seen`` (``duplicate``); None when it can.  The one key rule of
+    ``pack``'s listings and of every converter's source."""
+    why = unsafe_name_reason(key)  # dots are fine: tar member names escape them
+    if why:
+        return f"sample key {key!r}: {why}", "bad-key"
+    if key in seen:
+        return (f"duplicate sample key {key!r} (keys must be unique across the whole source)",
+                "duplicate")
+    return None
 
 
 class SourceSample(NamedTuple):
@@ -268,7 +297,7 @@ class Source:
         extra = None
         if cls is not None:
             value = str(cls).encode()
-            extra = SourceField("cls", None, len(value), 0, value)
+            extra = value_field("cls", value)
         yield from self._walk(folder, rel, self._ancestors(folder, rel), extra, recurse)
 
     def _ancestors(self, folder: str, rel: str) -> set[str]:
@@ -476,6 +505,7 @@ class Source:
     def _group_webdataset(self, files: list, prefix: str, extra) -> Iterator[SourceSample]:
         """Key up to the first dot: consecutive files of one stem make one sample."""
         files.sort()
+        reader = LocalFiles if self.local else RemoteFiles
         group_stem, group = None, []
         for stem, fname, path, size, mtime in files:
             if stem != group_stem and group:
@@ -484,7 +514,7 @@ class Source:
                     yield sample
                 group = []
             group_stem = stem
-            group.append(SourceField(fname, path, size, mtime))
+            group.append(SourceField(fname, path, size, mtime, None, None, None, reader))
         if group:
             sample = self._sample(prefix + group_stem, group, extra)
             if sample is not None:
@@ -526,6 +556,7 @@ class Source:
                 continue
             images[owner].append(item)
         out = []
+        reader = LocalFiles if self.local else RemoteFiles
         for stem in sorted(images):
             group, seen = [], set()
             for _, ext, path, size, mtime in images[stem]:
@@ -534,7 +565,7 @@ class Source:
                                     f"{prefix + stem!r}", "duplicate")
                     continue
                 seen.add(ext)
-                group.append(SourceField(ext, path, size, mtime))
+                group.append(SourceField(ext, path, size, mtime, None, None, None, reader))
             group.sort()
             sample = self._sample(prefix + stem, group, extra)
             if sample is not None:
@@ -678,13 +709,13 @@ def _read_listing(path: str, source: Source) -> Iterator[SourceSample]:
             rel = os.path.dirname(file_path).lstrip("/")
             key = f"{rel}/{stem}" if rel else stem
         key = str(key)
-        why = check_field_name(fname) or unsafe_name_reason(key)
-        if why:
-            source._bad(where, why, "bad-name")
+        why = check_field_name(fname)
+        problem = check_key(key, seen)
+        if why or (problem and problem[1] != "duplicate"):
+            source._bad(where, why or problem[0], "bad-name")
             continue
-        if key in seen:
-            raise SourceError(f"duplicate key {key!r} (each row must be its own sample)",
-                              path=where)
+        if problem:
+            raise SourceError(problem[0], path=where)
         seen.add(key)
         try:
             st = os.stat(full)
@@ -694,7 +725,7 @@ def _read_listing(path: str, source: Source) -> Iterator[SourceSample]:
         if not stat.S_ISREG(st.st_mode):
             source._bad(full, "listed path is not a regular file", "special")
             continue
-        fields = [SourceField(fname, full, st.st_size, st.st_mtime_ns)]
+        fields = [file_field(fname, full, st.st_size, st.st_mtime_ns)]
         for col, value in row.items():
             if value is None or value == "":
                 continue
@@ -704,7 +735,7 @@ def _read_listing(path: str, source: Source) -> Iterator[SourceSample]:
                                   path=where)
             data = (value if isinstance(value, str)
                     else json.dumps(value, separators=(",", ":"), sort_keys=True)).encode()
-            fields.append(SourceField(col, None, len(data), 0, data))
+            fields.append(value_field(col, data))
         yield SourceSample(key, tuple(sorted(fields)))
 
 

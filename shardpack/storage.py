@@ -319,8 +319,9 @@ class Storage:
             yield f
 
     def open_arrow(self, name: str):
-        """A pyarrow file for ``name`` (Parquet reads): a memory map when local (pyarrow's own
-        reads are ~2x faster than through a Python file object), else the fsspec file."""
+        """A pyarrow file for ``name`` (Parquet reads): a memory map when local (pyarrow reads
+        it without a Python file object in the way: docs/benchmarks.md, "Converting"), else the
+        fsspec file."""
         import pyarrow as pa
 
         if self.local:

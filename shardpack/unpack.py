@@ -72,8 +72,8 @@ def _fill(job: _Job, bar) -> None:
     # An ImageFolder pack took ``cls`` from the class folder, not from a file: unpack writes the
     # class folders (empty ones too, so class numbers survive a re-pack) and no ``.cls`` files,
     # so that packing the result again gives the same samples.
-    folder_classes = reader.manifest.get("layout") == "imagefolder"
-    classes = (reader.manifest.get("classes") or []) if folder_classes else []
+    folder_classes = reader.manifest.layout == "imagefolder"
+    classes = list(reader.manifest.classes or ()) if folder_classes else []
     for name in classes:
         why = (fmt.unsafe_name_reason(name) if isinstance(name, str) else "not a string")
         if why is None and "/" in name:
@@ -96,7 +96,7 @@ def check_shard_names(reader) -> None:
     would write every sample of that shard twice."""
     seen: set[str] = set()
     for entry in reader.shards:
-        for name in (entry["name"], entry["index"]):
+        for name in (entry.name, entry.index):
             if name in seen:
                 raise FormatError(f"the manifest names the shard file {name!r} twice",
                                   path=reader.storage.display(fmt.MANIFEST_NAME),
@@ -290,7 +290,7 @@ def _unpack_shard(job: _Job, shard: int, bar, skip: str | None) -> None:
     reader = job.reader
     index = reader.index(shard)
     path = reader.shard_path(shard)
-    data = reader.storage.read_bytes(reader.shards[shard]["name"])
+    data = reader.storage.read_bytes(reader.shards[shard].name)
     if len(data) != index.shard_bytes:
         raise fmt.FormatError(f"shard is {len(data)} bytes, the index says {index.shard_bytes}",
                               path=path, hint="run 'shardpack verify'")

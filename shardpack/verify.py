@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
+from typing import Sequence
 
 from . import format as fmt
 from .errors import ShardpackError
@@ -83,37 +84,34 @@ def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Proble
             out.append(Problem(where, f"{what} is {found!r}, but {how} give {derived!r}"))
 
     shards = reader.shards
-    differs("num_samples", m.get("num_samples"), sum(s["samples"] for s in shards),
+    differs("num_samples", m.num_samples, sum(s.samples for s in shards),
             "the shard entries")
-    differs("num_shards", m.get("num_shards"), len(shards), "the shard entries")
-    differs("num_bytes", m.get("num_bytes"), sum(s["bytes"] for s in shards),
+    differs("num_shards", m.num_shards, len(shards), "the shard entries")
+    differs("num_bytes", m.num_bytes, sum(s.bytes for s in shards),
             "the shard entries")
-    if report.versions and m.get("version") not in report.versions:
-        out.append(Problem(where, f"version is {m.get('version')!r}, but the indexes are "
+    if report.versions and m.version not in report.versions:
+        out.append(Problem(where, f"version is {m.version!r}, but the indexes are "
                                   f"version {sorted(report.versions)}"))
     if report.indexes_read == len(shards):  # the indexes' own view, where all were readable
-        differs("fields", m.get("fields"), sorted(report.fields), "the indexes")
-        skipped = m.get("skipped", {})
-        if not isinstance(skipped, dict) or not all(
-                isinstance(v, int) and v >= 0 for v in skipped.values()):
-            out.append(Problem(where, f"skipped must map reasons to counts, found {skipped!r}"))
-        elif sum(skipped.values()) < report.writer_skips:
+        differs("fields", list(m.fields), sorted(report.fields), "the indexes")
+        skipped = m.skipped or {}  # decode_manifest checked its counts
+        if sum(skipped.values()) < report.writer_skips:
             out.append(Problem(where, f"skipped counts {sum(skipped.values())} entries, but "
                                       f"the indexes record {report.writer_skips} skipped by "
                                       "the shard writers"))
     for key in WRITTEN:  # pack and merge write these; decode_manifest checks their values
-        if key not in m:
+        if key not in m.raw:
             out.append(Problem(where, f"the {key!r} key is missing (pack and merge always "
                                       "write it)"))
-    if m.get("layout") not in LAYOUTS:
-        out.append(Problem(where, f"layout is {m.get('layout')!r}, expected one of {LAYOUTS}"))
-    if m.get("group") not in (None, "image", "webdataset"):
-        out.append(Problem(where, f"group is {m.get('group')!r}, expected null, 'image' or "
+    if m.layout not in LAYOUTS:
+        out.append(Problem(where, f"layout is {m.layout!r}, expected one of {LAYOUTS}"))
+    if m.group not in (None, "image", "webdataset"):
+        out.append(Problem(where, f"group is {m.group!r}, expected null, 'image' or "
                                   "'webdataset'"))
-    classes = m.get("classes")
+    classes = m.classes
     # derivable for ImageFolder packs only (a converted label may lie outside its class list,
     # and decode_manifest allows a class list with no other layout)
-    if m.get("layout") == "imagefolder" and isinstance(classes, list):
+    if m.layout == "imagefolder" and classes is not None:
         if report.indexes_read == len(shards) and report.samples and \
                 "cls" not in report.fields:
             out.append(Problem(where, "layout is 'imagefolder', but no sample has a 'cls' "
@@ -136,7 +134,7 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     try:
         index = reader.index(number)
     except ShardpackError as exc:
-        return [Problem(reader.storage.display(entry["index"]), exc.message)]
+        return [Problem(reader.storage.display(entry.index), exc.message)]
     report.indexes_read += 1
     report.versions.add(index.version)
     report.fields.update(index.fields)
@@ -145,7 +143,7 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     if problems_here:
         return problems_here
     try:
-        data = reader.storage.read_bytes(entry["name"])
+        data = reader.storage.read_bytes(entry.name)
     except ShardpackError as exc:
         return [Problem(path, exc.message)]
     report.bytes += len(data)
@@ -160,33 +158,33 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     return problems + images
 
 
-def _index_against_manifest(m: dict, entry: dict, index: fmt.ShardIndex,
+def _index_against_manifest(m: fmt.Manifest, entry: fmt.ShardEntry, index: fmt.ShardIndex,
                             path: str) -> list[Problem]:
     """Where the shard's index and its manifest entry disagree (format, compression, hash,
     the name's suffix)."""
     problems = []
-    for what, found, indexed in (("shard_format", m.get("shard_format"), index.shard_format),
-                                 ("compression", m.get("compression"), index.compression)):
+    for what, found, indexed in (("shard_format", m.shard_format, index.shard_format),
+                                 ("compression", m.compression, index.compression)):
         if found != indexed:
             problems.append(Problem(path, f"the manifest's {what} is {found!r}, this "
                                           f"shard's index says {indexed!r}"))
-    if index.shard_hash.hex() != entry["hash"]:
+    if index.shard_hash.hex() != entry.hash:
         problems.append(Problem(path, "the manifest's hash of this shard differs from the "
                                       "one its index records"))
-    if not entry["name"].endswith(fmt.SHARD_SUFFIX[index.shard_format]):
+    if not entry.name.endswith(fmt.SHARD_SUFFIX[index.shard_format]):
         problems.append(Problem(path, f"a {index.shard_format} shard named "
-                                      f"{entry['name']!r}"))
+                                      f"{entry.name!r}"))
     return problems
 
 
-def _shard_file_problems(entry: dict, index: fmt.ShardIndex, data: bytes,
+def _shard_file_problems(entry: fmt.ShardEntry, index: fmt.ShardIndex, data: bytes,
                          path: str) -> list[Problem]:
     """The shard file's size and hash against the manifest; a msgpack shard's file header."""
     problems = []
-    if len(data) != entry["bytes"]:
+    if len(data) != entry.bytes:
         problems.append(Problem(path, f"shard is {len(data)} bytes, the manifest says "
-                                      f"{entry['bytes']} (truncated or extended)"))
-    elif fmt.content_hash(data) != entry["hash"]:
+                                      f"{entry.bytes} (truncated or extended)"))
+    elif fmt.content_hash(data) != entry.hash:
         problems.append(Problem(path, "shard hash does not match the manifest"))
     if index.shard_format == "msgpack":
         try:
@@ -196,7 +194,7 @@ def _shard_file_problems(entry: dict, index: fmt.ShardIndex, data: bytes,
     return problems
 
 
-def _sample_problems(m: dict, index: fmt.ShardIndex, data: bytes, path: str,
+def _sample_problems(m: fmt.Manifest, index: fmt.ShardIndex, data: bytes, path: str,
                      report: VerifyReport, decode: bool) -> tuple[list[Problem], list[Problem]]:
     """(structural problems, undecodable images) of the shard's samples, each checked against
     its hash, its structure, and (``decode``) its images."""
@@ -205,9 +203,9 @@ def _sample_problems(m: dict, index: fmt.ShardIndex, data: bytes, path: str,
     images: list[Problem] = []
     # ImageFolder packs: each sample's cls against the classes and its key's class folder
     # (a list, even an empty one: [] must still be compared with the labels)
-    classes = m.get("classes")
-    cls_column = ("cls" if "cls" in index.fields and isinstance(classes, list)
-                  and m.get("layout") == "imagefolder" else None)
+    classes = m.classes
+    cls_column = ("cls" if "cls" in index.fields and classes is not None
+                  and m.layout == "imagefolder" else None)
     for row in range(index.num_samples):
         report.samples += 1
         start, end = index.span(row)
@@ -236,7 +234,7 @@ def _sample_problems(m: dict, index: fmt.ShardIndex, data: bytes, path: str,
 
 
 def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report, key: str,
-              classes: list) -> str | None:
+              classes: Sequence[str]) -> str | None:
     """An ImageFolder sample's class label (ASCII decimal, written by pack from its class
     folder): keep the largest seen, to compare with the classes, and check that the
     key's first component (its class folder) is ``classes[cls]``.  Returns why the label itself

@@ -167,7 +167,7 @@ def test_duplicate_key_in_listing(tmp_path):
     listing = tmp_path / "l.csv"
     listing.write_text("path,key\ni/1.jpg,k\ni/1.jpg,k\n")
     result = run_cli("pack", listing, tmp_path / "out", ok=None)
-    assert_one_line_error(result, "l.csv:3", "duplicate key 'k'")
+    assert_one_line_error(result, "l.csv:3", "duplicate sample key 'k'")
 
 
 def test_unsafe_key_in_listing(tmp_path):

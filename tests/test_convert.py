@@ -163,7 +163,7 @@ def test_detection_and_cli(tmp_path):
     assert "converted 30 samples from webdataset" in out
     out = run_cli("convert", tmp_path / "folders", tmp_path / "out2", "-q").output
     assert "packed 2 samples" in out
-    assert DatasetReader(tmp_path / "out2").manifest["classes"] == ["cat", "dog"]
+    assert DatasetReader(tmp_path / "out2").manifest.classes == ("cat", "dog")
     bad = run_cli("convert", tmp_path / "mixed", tmp_path / "out3", ok=None)
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1
     assert "cannot tell the source format" in bad.output

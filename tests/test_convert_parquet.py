@@ -345,29 +345,25 @@ def test_shards_do_not_split_row_groups_when_avoidable(tmp_path):
 
 
 def test_writer_reads_cells_in_small_batches_in_any_order(tmp_path, monkeypatch):
-    """The shard writer decodes a row group in batches of about RowReader.BATCH_BYTES, walking
+    """The shard writer decodes a row group in batches of about ParquetCells.BATCH_BYTES, walking
     forward, and still serves rows asked for out of order (it restarts the group), across row
     groups and struct columns."""
-    from types import SimpleNamespace
-
-    from shardpack import writer
-    from shardpack.samples import SourceField, SourceSample
+    from shardpack.samples import SourceField
+    from shardpack.sources.parquet import ParquetCells
 
     blobs = [bytes([i]) * 1000 for i in range(30)]
     pq.write_table(pa.table({"bin": blobs, "img": [{"bytes": b[:10]} for b in blobs]}),
                    tmp_path / "s.parquet", row_group_size=10)
     url = str(tmp_path / "s.parquet")
-    monkeypatch.setattr(writer.RowReader, "BATCH_BYTES", 2500)  # ~2 rows of ~1 KB
+    monkeypatch.setattr(ParquetCells, "BATCH_BYTES", 2500)  # ~2 rows of ~1 KB
     pulled = count_batches(monkeypatch)
     order = [0, 1, 5, 9, 3, 12, 29, 28, 10]
 
     def cell(row, column):
-        return SourceField("x", url, 1000, 0, offset=row, column=column)
+        return SourceField("x", url, 1000, 0, offset=row, column=column, reader=ParquetCells)
 
     fields = [f for row in order for f in (cell(row, ("bin",)), cell(row, ("img", "bytes")))]
-    task = SimpleNamespace(samples=[SourceSample(str(i), fields[2 * i:2 * i + 2])
-                                    for i in range(len(order))])
-    reader = writer.RowReader(task)
+    reader = ParquetCells(fields)
     got = [bytes(reader.read(f)) for f in fields]
     assert got == [v for row in order for v in (blobs[row], blobs[row][:10])]
     assert pulled and max(pulled) <= 3   # never a whole 10-row group at once

@@ -40,7 +40,7 @@ def ids_of(loader_or_ds):
 
 
 def expected_ids(ds, epoch, world=1, rank=0):
-    order = P.epoch_order([s["samples"] for s in ds.reader.shards], seed=ds.seed, epoch=epoch,
+    order = P.epoch_order([s.samples for s in ds.reader.shards], seed=ds.seed, epoch=epoch,
                           shuffle=ds.shuffle, block_size=ds.block_size, window=ds.shuffle_window,
                           spans=world if ds.shard_affinity else 1, partial=ds.partial)
     return P.resume_sequences(order, [], world, ds.partial)[rank].ids.tolist()

@@ -332,8 +332,8 @@ def test_parts_are_disjoint_and_cover_the_tree(tree, tmp_path):
         out = tmp_path / f"part{i}"
         summary = shardpack.pack(tree, out, part=(i, 3), workers=1, shard_size="16KB")
         manifest = fmt.decode_manifest((out / fmt.MANIFEST_NAME).read_bytes())
-        assert manifest["part"] == {"index": i, "count": 3}
-        assert manifest["classes"] == ["class0", "class1", "class2"]
+        assert manifest.part == fmt.Part(index=i, count=3)
+        assert manifest.classes == ("class0", "class1", "class2")
         got = [s["__key__"] for s in shardpack.ShardDataset(out, shuffle=False)]
         assert got and all(part_of(k, 3) == i for k in got) and not keys & set(got)
         keys |= set(got)
@@ -392,7 +392,7 @@ def test_cli_part_and_engine_options(tree, tmp_path):
 
     out = run_cli("pack", tree, tmp_path / "p1", "--part", "1/2", "-q", "--workers", "1").output
     manifest = fmt.decode_manifest((tmp_path / "p1" / fmt.MANIFEST_NAME).read_bytes())
-    assert manifest["part"] == {"index": 1, "count": 2} and "packed" in out
+    assert manifest.part == fmt.Part(1, 2) and "packed" in out
     bad = run_cli("pack", tree, tmp_path / "p2", "--part", "2/2", ok=False)
     assert "--part 2/2: I must be at least 0 and less than N" in bad.output
     help_text = run_cli("pack", "--help").output
@@ -437,16 +437,16 @@ def test_remote_src_with_a_slash_markers_and_out_inside(tmp_path, monkeypatch):
 def test_one_changed_remote_file_costs_only_its_own_sample(tmp_path, monkeypatch):
     import fsspec
 
-    from shardpack import writer
+    from shardpack import fields
 
     url = _memory_tree("rv-changed", {f"{i:02d}.bin": bytes(10) for i in range(6)})
-    real = writer.RemoteFiles.__init__
+    real = fields.RemoteFiles.__init__
 
     def shrink_then_init(self, *args):  # after the walk, before the shard reads its files
         fsspec.filesystem("memory").pipe_file("/rv-changed/04.bin", b"abc")
         real(self, *args)
 
-    monkeypatch.setattr(writer.RemoteFiles, "__init__", shrink_then_init)
+    monkeypatch.setattr(fields.RemoteFiles, "__init__", shrink_then_init)
     summary = shardpack.pack(url, tmp_path / "out", workers=1, skip_bad=True)
     assert summary.samples == 5 and summary.skipped == {"read-failed": 1}
     assert "04.bin" in summary.first_skips[0] and "size 10 -> 3" in summary.first_skips[0]
@@ -464,7 +464,7 @@ def test_walk_counts_are_counted_once_in_a_merge_of_parts(tmp_path):
     m = fmt.decode_manifest((tmp_path / "m" / fmt.MANIFEST_NAME).read_bytes())
     w = fmt.decode_manifest((tmp_path / "w" / fmt.MANIFEST_NAME).read_bytes())
     assert merged.samples == whole.samples == 30
-    assert (m["skipped"], m["hidden"]) == (w["skipped"], w["hidden"]) == ({"bad-name": 1}, 1)
+    assert (m.skipped, m.hidden) == (w.skipped, w.hidden) == ({"bad-name": 1}, 1)
 
 
 def test_an_empty_part_is_published_and_merged(tmp_path):

@@ -111,9 +111,9 @@ def test_manifest_decoder_raises_only_format_errors(key, value):
         out = fmt.decode_manifest(json.dumps(m).encode(), "fuzz.json")
     except FormatError:
         return
-    for s in out["shards"]:  # what passed is safe to size arrays by and to open
-        assert isinstance(s["samples"], int) and s["samples"] * 32 <= s["index_bytes"]
-        assert "/" not in s["name"] and "\x00" not in s["name"]
+    for s in out.shards:  # what passed is safe to size arrays by and to open
+        assert isinstance(s.samples, int) and s.samples * 32 <= s.index_bytes
+        assert "/" not in s.name and "\x00" not in s.name
 
 
 @FUZZ

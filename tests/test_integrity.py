@@ -276,7 +276,7 @@ def test_trust_storage_skips_the_sample_check(packed):
     reader = shardpack.open_reader(out)
     index = reader.index(0)
     name, off, size = index.sample_fields(1)[-1]
-    shard = out / reader.shards[0]["name"]
+    shard = out / reader.shards[0].name
     data = bytearray(shard.read_bytes())
     data[int(index.starts[1]) + off + size // 2] ^= 0x10
     shard.write_bytes(bytes(data))
@@ -318,7 +318,7 @@ def test_the_memo_belongs_to_the_file_it_was_checked_in(tmp_path):
     reader.read(1, 0)                          # shard 1 mapped: shard 0 closed
     index = reader.index(0)
     assert 1 not in {0, index.num_samples // 2, index.num_samples - 1}
-    shard = out / reader.shards[0]["name"]
+    shard = out / reader.shards[0].name
     data = bytearray(shard.read_bytes())
     name, off, size = index.sample_fields(1)[-1]
     data[int(index.starts[1]) + off + size // 2] ^= 0x01

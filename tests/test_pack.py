@@ -206,8 +206,10 @@ def test_tar_member_names_follow_webdataset_convention(tmp_path):
 
 
 def test_readahead_hints_the_next_files_in_order_within_bounds(tmp_path, monkeypatch):
-    from shardpack import writer
-    from shardpack.samples import SourceField, SourceSample
+    from shardpack import fields
+    from shardpack.errors import SourceError
+    from shardpack.plan import PackOptions, ShardTask
+    from shardpack.samples import SourceSample, file_field, value_field
 
     paths = []
     for i in range(10):
@@ -215,8 +217,8 @@ def test_readahead_hints_the_next_files_in_order_within_bounds(tmp_path, monkeyp
         p.write_bytes(b"x" * 100)
         paths.append(str(p))
     gone = str(tmp_path / "gone.bin")  # vanished since the walk: skipped, the read reports it
-    field = lambda p: SourceField("bin", p, 100, 0)  # noqa: E731
-    samples = [SourceSample(str(i), (field(paths[i]), SourceField("cls", None, 1, 0, value=b"1")))
+    field = lambda p: file_field("bin", p, 100, os.stat(p).st_mtime_ns if p != gone else 0)  # noqa: E731
+    samples = [SourceSample(str(i), (field(paths[i]), value_field("cls", b"1")))
                for i in range(10)]
     samples.insert(3, SourceSample("g", (field(gone),)))
     hinted = []
@@ -227,15 +229,21 @@ def test_readahead_hints_the_next_files_in_order_within_bounds(tmp_path, monkeyp
         hinted.append(os.readlink(f"/proc/self/fd/{fd}"))
         return real(fd, offset, length, advice)
 
-    monkeypatch.setattr(writer.os, "posix_fadvise", spy)
-    monkeypatch.setattr(writer.Readahead, "AHEAD_FILES", 3)
-    monkeypatch.setattr(writer.Readahead, "AHEAD_BYTES", 250)  # 3 files of 100 bytes pass it
-    ahead = writer.Readahead(samples)
-    seen, window = [], []
-    for n in range(len(samples)):
-        ahead.advance()
+    monkeypatch.setattr(fields.os, "posix_fadvise", spy)
+    monkeypatch.setattr(fields.LocalFiles, "AHEAD_FILES", 3)
+    monkeypatch.setattr(fields.LocalFiles, "AHEAD_BYTES", 250)  # 3 files of 100 bytes pass it
+    readers = ShardTask(0, tuple(samples), PackOptions()).open_readers()
+    assert set(readers) == {fields.LocalFiles, fields.InlineValue}
+    ahead = readers[fields.LocalFiles]
+    seen, window, got = [], [], []
+    for sample in samples:
+        try:
+            got.append([bytes(readers[f.reader].read(f)) for f in sample.fields])
+        except SourceError as exc:
+            assert "vanished" in str(exc)
         seen.append(list(hinted))
-        window.append(ahead.next - ahead.ends[n])
+        window.append(ahead.next - ahead.pos)
+    assert got == [[b"x" * 100, b"1"]] * 10
     assert hinted == paths[1:]  # each file once, in order; never the one about to be read
     assert seen[0] == paths[1:3]  # the byte bound (the vanished file's 100 count) stops it
-    assert max(window) <= 3  # never more than AHEAD_FILES past the sample being read
+    assert max(window) <= 3  # never more than AHEAD_FILES past the file being read

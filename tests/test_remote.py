@@ -15,7 +15,7 @@ import shardpack
 from shardpack import ShardDataset, open_dataset
 from shardpack import format as fmt
 from shardpack import cache as cache_module
-from shardpack.cache import ShardCache
+from shardpack.cache import CacheItem, ShardCache
 from shardpack.errors import DatasetNotFoundError, IntegrityError, RemoteError
 from shardpack.reader import DatasetReader
 from shardpack.storage import RetryPolicy, Storage
@@ -455,7 +455,7 @@ def test_cache_open_without_waiting_leaves_a_busy_shard_to_its_fetcher(tmp_path)
 
     cache = ShardCache(tmp_path / "c", 1 << 30)
     blob = os.urandom(5000)
-    meta = {"name": "s.tar", "hash": shardpack.format.content_hash(blob), "bytes": len(blob)}
+    meta = CacheItem("s.tar", shardpack.format.content_hash(blob), len(blob))
     started, release, calls = threading.Event(), threading.Event(), []
 
     def slow_download(path):

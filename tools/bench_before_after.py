@@ -3,8 +3,8 @@ commit and with the working tree, alternated in fresh processes, median rates.  
 figures go to docs/benchmarks.md.
 
 Cases: bytes-only batched epochs (100 KB and 1 KB samples, local tar), CPU decode (224 px,
-batches of 64, 1,536 samples), and the same 100 KB dataset over HTTP (nginx on 127.0.0.1, no added latency)
-with a cache: cold (empty cache) and warm (the cache filled by the cold run).
+batches of 64, 1,536 samples), and the same 100 KB dataset over HTTP (nginx on 127.0.0.1, no
+added latency) with a cache: cold (empty cache) and warm (the cache filled by the cold run).
 
     python tools/bench_before_after.py --base 3f2c1ab --reps 5
 """

@@ -63,7 +63,7 @@ def main() -> None:
     url = make_dataset(args.shards, args.per_shard, args.size)
     import shardpack
 
-    total = shardpack.DatasetReader(url).manifest["num_bytes"]
+    total = shardpack.DatasetReader(url).manifest.num_bytes
     n = args.shards * args.per_shard
     print(f"`python tools/bench_scale_read.py --shards {args.shards} --per-shard "
           f"{args.per_shard} --worlds {' '.join(map(str, args.worlds))}`: {n:,} samples of "

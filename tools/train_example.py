@@ -71,7 +71,7 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
     decode = shardpack.CpuDecode(args.size) if args.decode == "cpu" else None
     ds = shardpack.ShardDataset(args.dataset, batch_size=args.batch_size, batched=True,
                                 decode=decode)
-    classes = len(ds.reader.manifest.get("classes") or []) or 1000
+    classes = len(ds.reader.manifest.classes or ()) or 1000
     loader = shardpack.DeviceLoader(
         DataLoader(ds, batch_size=None, num_workers=args.workers,
                    persistent_workers=args.workers > 0, pin_memory=cuda),

@@ -17,8 +17,8 @@ import os
 from typing import ClassVar, Iterator
 
 from ..errors import SourceError
-from ..format import check_field_name, unsafe_name_reason
-from ..samples import SourceField, SourceReport, SourceSample
+from ..format import check_field_name
+from ..samples import SourceField, SourceReport, SourceSample, check_key, value_field
 from ..storage import Storage
 
 
@@ -94,13 +94,9 @@ class ContainerSource:
                 key = f"{position:010d}"
             elif key.startswith("./"):
                 key = key[2:]
-            why = unsafe_name_reason(key)  # dots are fine: tar member names escape them
-            if why:
-                self.bad(where, f"sample key {key!r}: {why}", "bad-key")
-                continue
-            if key in seen:
-                self.bad(where, f"duplicate sample key {key!r} (keys must be unique across the "
-                                "whole source)", "duplicate")
+            problem = check_key(key, seen)
+            if problem:
+                self.bad(where, *problem)
                 continue
             names = [f.name for f in fields]
             why = next((f"field {n!r}: {r}" for n in names if (r := check_field_name(n))), None)
@@ -140,4 +136,4 @@ def _locate(src: str, storage_options: dict) -> tuple[Storage, str | None]:
 
 def inline(name: str, data: bytes) -> SourceField:
     """A field whose bytes the reader already holds (decompressed or decoded from a column)."""
-    return SourceField(name, None, len(data), 0, bytes(data))
+    return value_field(name, bytes(data))

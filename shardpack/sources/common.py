@@ -18,6 +18,7 @@ import zlib
 import numpy as np
 
 from ..errors import SourceError
+from ..fields import FieldReader, open_container
 from ..format import check_field_name
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -51,6 +52,43 @@ class Window:
             self.buf = self.storage.read_bytes(self.name, start, stop)
             self.start, self.end = start, stop
         return self.buf[start - self.start:end - self.start]
+
+
+class ByteRanges(FieldReader):
+    """Reads fields that are byte ranges of container files (``SourceField.offset``: an
+    uncompressed tar, MDS or LitData shard) through a :class:`Window` on the current container:
+    one read of at least ``block`` bytes serves all the fields that follow in it, so a shard
+    converted from a tar or MDS file costs a few large reads, not one per field.  Any storage
+    fsspec reaches works; a local container is refused if it changed since the plan."""
+
+    def __init__(self, fields, storage_options: dict | None = None, block: int = 16 << 20):
+        super().__init__(fields, storage_options)
+        self.block = block
+        self.containers: dict[str, tuple] = {}  # path -> (storage, name, size)
+        self.path = None
+        self.window: Window | None = None
+
+    def read(self, f) -> bytes:
+        if f.path != self.path:
+            self._open(f)
+        start, end = f.offset, f.offset + f.size
+        size = self.window.size
+        if end > size:
+            raise SourceError(f"field '{f.name}' runs past the end of the file ({end} > {size} "
+                              "bytes): truncated or changed since it was indexed", path=f.path)
+        return self.window.get(start, end)
+
+    def _open(self, f) -> None:
+        if f.path not in self.containers:
+            storage, name = open_container(f, self.options)
+            self.containers[f.path] = storage, name, storage.size(name)
+        self.window = None  # let the old window's block go before the next one is read
+        self.window = Window(*self.containers[f.path], self.block)
+        self.path = f.path
+
+    @staticmethod
+    def where(f) -> str:
+        return f"{f.path} at byte {f.offset}"
 
 
 class Memory:

@@ -33,8 +33,8 @@ from ..errors import SourceError
 from ..format import unsafe_name_reason
 from ..samples import SourceField
 from .base import ContainerSource, inline
-from .common import ZSTD_MAGIC, Memory, Window, check_expansion, check_fields, decimal, \
-    decompress, field_name, npy, pil_to_png, zstd_frame_size
+from .common import ZSTD_MAGIC, ByteRanges, Memory, Window, check_expansion, check_fields, \
+    decimal, decompress, field_name, npy, pil_to_png, zstd_frame_size
 from .litdata_json import to_json
 
 CARRIED = {"bytes": None, "str": "txt", "text": "txt", "jpeg": "jpg", "pdf": "pdf",
@@ -208,7 +208,8 @@ class LitDataSource(ContainerSource):
         pos, fields = start + head, []
         for leaf, size in zip(self.leaves, sizes, strict=True):
             if leaf.kind == "carried" and url is not None:
-                fields.append(SourceField(leaf.field, url, size, mtime, None, pos))
+                fields.append(SourceField(leaf.field, url, size, mtime, None, pos, None,
+                                          ByteRanges))
             else:
                 try:
                     value = _value(leaf, src.get(pos, pos + size))

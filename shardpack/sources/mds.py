@@ -27,8 +27,8 @@ from ..errors import SourceError
 from ..format import unsafe_name_reason
 from ..samples import SourceField
 from .base import ContainerSource, inline
-from .common import CODECS, Memory, Window, check_fields, decimal, decompress, field_name, npy, \
-    pil_to_png
+from .common import CODECS, ByteRanges, Memory, Window, check_fields, decimal, decompress, \
+    field_name, npy, pil_to_png
 
 CARRIED = {"bytes": None, "str": "txt", "json": "json", "jpeg": "jpg", "png": "png",
            "str_int": None, "str_float": None, "str_decimal": None, "pkl": "pkl"}
@@ -150,7 +150,8 @@ class MDSSource(ContainerSource):
             try:
                 for column, length in zip(columns, lengths, strict=True):
                     if column.kind == "carried" and url is not None:
-                        fields.append(SourceField(column.field, url, length, mtime, None, pos))
+                        fields.append(SourceField(column.field, url, length, mtime, None, pos,
+                                                  None, ByteRanges))
                     else:
                         fields.append(inline(column.field, _value(column,
                                                                   src.get(pos, pos + length))))

@@ -5,7 +5,7 @@ and the like), files sorted by path; names with a part starting with '.' or '_' 
 pyarrow skips them (counted as hidden).  Files are read through the storage layer in record
 batches of about BATCH_BYTES, so memory holds one row group's pages and one batch, never a table.
 Binary cells (and the bytes of Image structs) are not copied here: fields refer to (file, column,
-row) and the shard writers read them in small record batches (``writer.RowReader``).
+row) and the shard writers read them in small record batches (:class:`ParquetCells`).
 
 One row = one sample; column rules (docs/convert.md):
 
@@ -44,6 +44,7 @@ import sys
 from collections.abc import Iterator
 
 from ..errors import SourceError
+from ..fields import FieldReader, open_container
 from ..format import check_field_name
 from ..images import is_image_field
 from ..samples import SourceField
@@ -61,11 +62,10 @@ def import_pyarrow():
     """``(pyarrow, pyarrow.parquet)``, imported with shardpack's allocator setting (below) when
     this process imports pyarrow first; a SourceError with an install hint when it is missing."""
     if "pyarrow" not in sys.modules:
-        # pyarrow's allocator (mimalloc) hands freed memory back to the OS after 10 ms, and the
-        # shard writers decode batch after batch, faulting in and zeroing fresh pages each time.
-        # Keep freed memory instead: with whole row groups that was 17% of a conversion's CPU;
-        # with today's ~2 MB batches, 5.8-6.1 s against 5.9-7.0 s for the 20k-image Parquet
-        # (4 alternating pairs).  A user's own setting wins.
+        # pyarrow's allocator (mimalloc) hands freed memory back to the OS soon after, and the
+        # shard writers decode batch after batch, faulting in and zeroing fresh pages each time:
+        # keep freed memory instead (docs/benchmarks.md, "Converting").  A user's own setting
+        # wins.
         os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
     try:
         import pyarrow as pa
@@ -278,7 +278,8 @@ class ParquetSource(ContainerSource):
             value = data[i]
             if kind == "binary":
                 if value is not None:
-                    fields.append(SourceField(field, url, value, mtime, None, row, (col,)))
+                    fields.append(SourceField(field, url, value, mtime, None, row, (col,),
+                                              ParquetCells))
                 continue
             if kind != "file":
                 if value is not None:
@@ -291,7 +292,8 @@ class ParquetSource(ContainerSource):
             if not valid[i]:
                 continue
             if value is not None:
-                fields.append(SourceField(field, url, value, mtime, None, row, (col, "bytes")))
+                fields.append(SourceField(field, url, value, mtime, None, row, (col, "bytes"),
+                                          ParquetCells))
             elif paths[i] is not None:
                 self.bad(where, f"column {col!r} holds only a path "
                                 f"({paths[i]!r}), not the file's bytes", "no-bytes")
@@ -548,3 +550,109 @@ def _kind(t) -> str | None:
                for c in children):
             return "json"
     return None
+
+
+class ParquetCells(FieldReader):
+    """Reads Parquet cells this source deferred to the shard writer (``SourceField.column`` the
+    column, ``offset`` the row), so the parent process never holds or pickles image bytes.  Rows
+    are decoded in batches of about ``BATCH_BYTES``, every deferred column of the task at once,
+    walking forward through a row group: small batches reuse the allocator's memory, where whole
+    row groups had every forked writer zero fresh pages for each one (docs/benchmarks.md,
+    "Converting")."""
+
+    BATCH_BYTES = 2 << 20
+
+    def __init__(self, fields, storage_options: dict | None = None):
+        super().__init__(fields, storage_options)
+        self.columns: dict[str, set] = {}
+        for f in fields:
+            self.columns.setdefault(f.path, set()).add(f.column)
+        self.files: dict[str, tuple] = {}
+        self.path = None
+        self.group = -1
+        self.batches = iter(())
+        self.first = self.stop = 0   # rows of the current batch
+        self.values: dict = {}
+
+    def read(self, f) -> bytes:
+        if f.path != self.path or not self.first <= f.offset < self.stop:
+            self._load(f)
+        data = self.values[f.column][f.offset - self.first]
+        if data is None:  # (sizes may be estimates: see the module's docstring)
+            raise SourceError(f"row {f.offset} of column {'.'.join(f.column)!r} is null, but "
+                              "was not when it was indexed", path=f.path,
+                              hint="convert again once the source is stable")
+        return data
+
+    @staticmethod
+    def where(f) -> str:
+        return f"{f.path} row {f.offset} column {'.'.join(f.column)}"
+
+    def _load(self, f) -> None:
+        import bisect
+
+        pq = import_pyarrow()[1]  # the allocator setting, when this process imports it first
+        if f.path not in self.files:
+            storage, name = open_container(f, self.options)
+            handle = storage.open_arrow(name)
+            pf = pq.ParquetFile(handle)
+            starts = [0]
+            for i in range(pf.metadata.num_row_groups):
+                starts.append(starts[-1] + pf.metadata.row_group(i).num_rows)
+            self.files = {f.path: (pf, starts, handle)}  # one file open at a time
+            self.path, self.group = None, -1
+        pf, starts, _ = self.files[f.path]
+        group = bisect.bisect_right(starts, f.offset) - 1
+        if not 0 <= group < len(starts) - 1:
+            raise SourceError(f"row {f.offset} is past the end of the file ({starts[-1]} rows)",
+                              path=f.path)
+        if f.path != self.path or group != self.group or f.offset < self.first:
+            meta = pf.metadata.row_group(group)
+            rows = max(1, self.BATCH_BYTES * meta.num_rows // max(1, meta.total_byte_size))
+            top = sorted({c[0] for c in self.columns[f.path]})
+            self.batches = pf.iter_batches(batch_size=rows, row_groups=[group], columns=top,
+                                           use_threads=False)
+            self.path, self.group = f.path, group
+            self.first = self.stop = starts[group]
+        while not self.first <= f.offset < self.stop:
+            batch = next(self.batches, None)
+            if batch is None:  # the file has fewer rows than its metadata says
+                raise SourceError(f"row {f.offset} is missing from row group {group}",
+                                  path=f.path, hint="convert again once the source is stable")
+            self.values = {column: _cells(_struct_field(batch.column(column[0]), column[1:]))
+                           for column in self.columns[f.path]}
+            self.first, self.stop = self.stop, self.stop + batch.num_rows
+
+
+def _struct_field(array, parts: tuple):
+    """The struct field ``parts`` (a path of names) of an Arrow array."""
+    import pyarrow.compute as pc
+
+    for part in parts:
+        array = pc.struct_field(array, part)
+    return array
+
+
+class _Cells:
+    """The cells of an Arrow binary array without a copy each: slices of its data buffer."""
+
+    def __init__(self, offsets, data: memoryview):
+        self.offsets, self.data = offsets, data
+
+    def __getitem__(self, i: int) -> memoryview:
+        return self.data[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+
+def _cells(array):
+    """Indexable cells of a binary Arrow array: zero-copy for plain binary without nulls."""
+    import numpy as np
+    import pyarrow as pa
+
+    t = array.type
+    if array.null_count == 0 and (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        width = 8 if pa.types.is_large_binary(t) else 4
+        _, offsets, data = array.buffers()
+        offsets = np.frombuffer(offsets, dtype=f"<i{width}", count=len(array) + 1,
+                                offset=array.offset * width)
+        return _Cells(offsets, memoryview(data) if data is not None else memoryview(b""))
+    return array.to_pylist()

@@ -22,6 +22,7 @@ from .. import format as fmt
 from ..errors import FormatError, SourceError
 from ..samples import SourceField
 from .base import ContainerSource, inline
+from .common import ByteRanges
 
 SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
@@ -79,8 +80,8 @@ class WebDatasetSource(ContainerSource):
 
     def _scan(self, name: str, shown: str):
         """Plain tar: read just the headers (seek from one to the next); fields are byte ranges
-        of the tar file.  Uses shardpack's own header parser: ``tarfile`` costs ~100 us a member,
-        which made the scan of a 20,000-image tar slower than packing it."""
+        of the tar file.  Uses shardpack's own header parser: ``tarfile``'s per-member cost made
+        the scan of a tar slower than packing it (docs/benchmarks.md, "Converting")."""
         url, mtime = self.url(name), self.mtime_ns(name)
         total = self.storage.size(name)
         pos, count, last = 0, 0, None
@@ -168,4 +169,4 @@ ZERO_BLOCK = bytes(fmt.TAR_BLOCK)
 
 
 def _ranged(url: str, size: int, mtime: int, offset: int, name: str) -> SourceField:
-    return SourceField(name, url, size, mtime, None, offset)
+    return SourceField(name, url, size, mtime, None, offset, None, ByteRanges)
