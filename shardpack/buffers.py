@@ -117,6 +117,12 @@ class SlotPool:
         return np.frombuffer(self._map, dtype=np.uint8, count=nbytes,
                              offset=self._base + slot * self.slot_bytes)
 
+    def serve_keys(self, reader) -> None:
+        """Look keys up in ``reader`` for batches that carry sample ids instead (workers send
+        ids; the owning process turns them into keys when they are used)."""
+        self.reader = reader
+        reader.keys_token = self.token
+
     def receive(self, slot: int, nbytes: int, gen: int) -> np.ndarray:
         """The slot's bytes as an array of this process's mapping; the slot is freed when the
         array and everything built on it die.  Outside the owning process: a private copy."""

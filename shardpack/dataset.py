@@ -17,7 +17,7 @@ import numpy as np
 from . import partition
 from .access import Burst
 from .errors import ShardpackError
-from .prefetch import NoPrefetch
+from .prefetch import NOTHING, NoPrefetch
 from .shared import SharedInt
 from .buffers import SlotPool
 from .reader import DatasetReader
@@ -49,7 +49,8 @@ class ShardDataset(IterableDataset):
                  on_error: str = "raise", rank: int | None = None, world_size: int | None = None,
                  batched: bool = False, storage_options: dict | None = None,
                  cache_dir=None, cache_limit="50GB", prefetch: int = 2,
-                 trust_storage: bool = False, shard_affinity: bool = True):
+                 trust_storage: bool = False, shard_affinity: bool = True,
+                 slot_pool: SlotPool | None = None):
         super().__init__()
         if partial not in partition.PARTIAL_POLICIES:
             raise ValueError(f"partial must be one of {partition.PARTIAL_POLICIES}, got "
@@ -84,12 +85,11 @@ class ShardDataset(IterableDataset):
         # set_epoch() writes here; workers (persistent ones included) read it at each __iter__
         # (NOTE [fork-shared pages] in shardpack/shared.py)
         self._epoch = SharedInt(-1)
-        # batch buffers the workers reuse (shardpack.buffers): made here, before the DataLoader
-        # forks them; anonymous, so it lives exactly as long as the processes holding it
-        self._pool = SlotPool.create() if batched else None
+        # batch buffers the workers reuse (shardpack.buffers): made here (or given), before the
+        # DataLoader forks them; anonymous, so it lives exactly as long as the processes holding it
+        self._pool = (slot_pool or SlotPool.create()) if batched else None
         if self._pool is not None:  # keys travel from workers as sample ids, looked up here
-            self._pool.reader = self.reader
-            self.reader.keys_token = self._pool.token
+            self._pool.serve_keys(self.reader)
         self._local_epoch = 0   # epochs started in this process, used until set_epoch is called
         self._resume: dict | None = None
         self._running: Position | None = None  # the iteration running in this process, if any
@@ -209,7 +209,32 @@ class ShardDataset(IterableDataset):
         return partition.worker_split(share, where.num_workers, where.worker, self.batch_size)
 
     def __iter__(self) -> Iterator[dict]:
+        """One pass, as stages: order (this process's share of the epoch, and where it
+        resumes), prefetch (fetching ahead, for remote data), gather (batches or samples),
+        decode and transform (applied where the items are made: :meth:`_finish`)."""
         settle_worker()
+        position, share = self._begin()
+        skip = position.yielded.value
+        fetcher = NoPrefetch()
+        try:
+            if self.reader.prefetch > 0:  # cold cache: the rank's first batch by ranged reads
+                self._fast_start_batch(position, share.ids[skip:skip + self.batch_size])
+            fetcher = self._prefetcher(share, skip, position.num_workers)
+            gather = self._batches if self.batched else self._samples
+            yield from gather(share, skip, position, fetcher=fetcher)
+        finally:
+            fetcher.close()
+            self.reader.drop_pieces()
+
+    @property
+    def slot_pool(self) -> SlotPool | None:
+        """The batch buffers the DataLoader workers reuse (batched only; None where none
+        could be mapped)."""
+        return self._pool
+
+    def _begin(self) -> tuple["Position", partition.Share]:
+        """The order stage: this process's place (epoch, resume, rank, worker) and its share of
+        the epoch; stateful decode and transform stages are told the epoch."""
         where = self._placement()
         if int(self._epoch.value) < 0 and self._running is not None:
             self._local_epoch += 1  # no set_epoch(): each new pass in this process moves on
@@ -232,28 +257,23 @@ class ShardDataset(IterableDataset):
                     hint="for elastic resume save ds.state_dict(samples_seen=k) instead")
             skip = saved["yielded"]
         share = self._share(where, epoch, history)
-        running = Position(epoch, tuple(tuple(h) for h in history), where.world, where.rank,
-                           where.num_workers, where.worker, Counter(skip))
-        self._running = running
+        self._running = Position(epoch, tuple(tuple(h) for h in history), where.world,
+                                 where.rank, where.num_workers, where.worker, Counter(skip))
         self.stats["dropped"] = share.dropped
         for stage in (self.decode, self.transform):
             if hasattr(stage, "begin"):  # stateful stages (random crops) follow the epoch
                 stage.begin(epoch)
             elif hasattr(stage, "epoch"):
                 stage.epoch = epoch
-        fetcher = None
-        try:
-            if self.reader.prefetch > 0:  # cold cache: the rank's first batch by ranged reads
-                self._fast_start_batch(where, share.ids[skip:skip + self.batch_size])
-            fetcher = self._prefetcher(share, skip, where.num_workers)
-            if self.batched:
-                yield from self._batches(share, skip, running, fetcher)
-            else:
-                yield from self._samples(share, skip, running, fetcher=fetcher)
-        finally:
-            if fetcher is not None:
-                fetcher.close()
-            self.reader.drop_pieces()
+        return self._running, share
+
+    def _finish(self, item):
+        """The decode and transform stages, on a batch or a sample."""
+        if self.decode is not None:
+            item = self.decode(item)
+        if self.transform is not None:
+            item = self.transform(item)
+        return item
 
     def _fast_start_batch(self, where, ids) -> None:
         """Remote data with a cache, cold: fetch the samples ``ids`` of this pass's first batch
@@ -295,7 +315,7 @@ class ShardDataset(IterableDataset):
         return reader.prefetcher(units, needs, ahead)
 
     def _batches(self, share: partition.Share, skip: int, running: "Position",
-                 fetcher=None) -> Iterator[dict]:
+                 fetcher=NOTHING) -> Iterator[dict]:
         """Whole batches, gathered straight into (shared-memory) tensors: the fast path."""
         from .batches import collate
         from .gather import Gatherer
@@ -306,8 +326,8 @@ class ShardDataset(IterableDataset):
         gatherer = Gatherer(self.reader, share.ids, size, self.fields, shared, self._pool)
         for start in range(skip, len(share), size):
             part = share[start:start + size]
-            if fetcher is not None and not self.reader.has_pieces:  # (pieces: the fast start's
-                fetcher.reading(start + len(part) - skip)            # batch goes out first)
+            if not self.reader.has_pieces:  # (pieces: the fast start's batch goes out first)
+                fetcher.reading(start + len(part) - skip)
             batch = None
             try:
                 if not self.reader.has_pieces:  # else: the fast start's pieces, sample by sample
@@ -327,16 +347,13 @@ class ShardDataset(IterableDataset):
                 self.stats["yielded"] += len(part)
                 self.stats["repeats"] += int(part.repeat.sum())
             running.yielded.value = start + len(part)
-            if self.decode is not None:
-                batch = self.decode(batch)
-            if self.transform is not None:
-                batch = self.transform(batch)
-            if fetcher is not None and not fetcher.started:  # the fast start's batch is made:
+            batch = self._finish(batch)
+            if not fetcher.started:  # the fast start's batch is made:
                 fetcher.reading(min(len(share), start + len(part) + size) - skip)  # downloads
             yield batch                                  # start before it goes out
 
     def _samples(self, share: partition.Share, skip: int, running: "Position",
-                 raw: bool = False, fetcher=None) -> Iterator[dict]:
+                 raw: bool = False, fetcher=NOTHING) -> Iterator[dict]:
         reader = self.reader
         ids = share.ids[skip:]
         repeats = share.repeat[skip:]
@@ -346,10 +363,9 @@ class ShardDataset(IterableDataset):
                                                          rows.tolist(), repeats.tolist(),
                                                          strict=True)):
             running.yielded.value += 1
-            if fetcher is not None and pos == self.batch_size:
+            if pos == self.batch_size:
                 reader.drop_pieces()  # the fast start serves the first batch only
-            if fetcher is not None and (pos % 64 == 0 or not fetcher.started) and \
-                    not reader.has_pieces:
+            if (pos % 64 == 0 or not fetcher.started) and not reader.has_pieces:
                 fetcher.reading(pos + 64)
             try:
                 sample = reader.read(shard, row, views=raw)  # (raw: copied into a batch)
@@ -367,10 +383,8 @@ class ShardDataset(IterableDataset):
             sample["__index__"] = gid
             sample["__repeat__"] = rep
             self.stats["repeats"] += rep
-            if self.decode is not None and not raw:
-                sample = self.decode(sample)
-            if self.transform is not None and not raw:
-                sample = self.transform(sample)
+            if not raw:
+                sample = self._finish(sample)
             self.stats["yielded"] += 1
             yield sample
 

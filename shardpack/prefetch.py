@@ -31,6 +31,9 @@ class NoPrefetch:
         pass
 
 
+NOTHING = NoPrefetch()  # stateless: one will do for every caller
+
+
 class Prefetcher:
     """Fetches ``units`` in order in background threads (``reader.warm(unit)``): every unit the
     reader needs up to ``ahead`` positions past the one it reports with :meth:`reading`, and

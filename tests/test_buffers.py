@@ -61,7 +61,7 @@ def _check(batch, expected):
 def test_workers_reuse_slots_and_the_trainer_frees_them(packed):
     path, expected, B = packed
     ds = ShardDataset(path, batch_size=B, batched=True, seed=3)
-    pool = ds._pool
+    pool = ds.slot_pool
     loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
     seen = []
     for epoch in range(3):
@@ -79,16 +79,15 @@ def test_workers_reuse_slots_and_the_trainer_frees_them(packed):
 
 def test_trainer_holding_every_batch_falls_back_without_waiting(packed):
     path, expected, B = packed
-    ds = ShardDataset(path, batch_size=B, batched=True)
-    ds._pool = SlotPool(slots=2, slot_bytes=ds._pool.slot_bytes)  # before the workers fork
+    ds = ShardDataset(path, batch_size=B, batched=True, slot_pool=SlotPool(slots=2))
     held = list(DataLoader(ds, batch_size=None, num_workers=2))
     assert len(held) == -(-len(expected) // B) > 2
     for batch in held:  # slot contents were never overwritten while held
         _check(batch, expected)
-    assert ds._pool.free_slots() == 0
+    assert ds.slot_pool.free_slots() == 0
     del held, batch
     gc.collect()
-    assert ds._pool.free_slots() == 2
+    assert ds.slot_pool.free_slots() == 2
 
 
 def test_a_field_replaced_in_the_worker_gives_its_slot_back(packed):
@@ -103,28 +102,28 @@ def test_a_field_replaced_in_the_worker_gives_its_slot_back(packed):
     for batch in DataLoader(ds, batch_size=None, num_workers=1):
         sizes.update(zip(batch["__key__"], batch["size"].tolist(), strict=True))
     assert sizes == {k: len(v) for k, v in expected.items()}
-    assert ds._pool.free_slots() == ds._pool.slots  # the worker released what it never sent
+    assert ds.slot_pool.free_slots() == ds.slot_pool.slots  # the worker released what it never sent
 
 
 def test_field_larger_than_a_slot_goes_the_old_way(packed):
     path, expected, B = packed
-    ds = ShardDataset(path, batch_size=B, batched=True)
-    ds._pool = SlotPool(slots=4, slot_bytes=1 << 12)
+    ds = ShardDataset(path, batch_size=B, batched=True,
+                      slot_pool=SlotPool(slots=4, slot_bytes=1 << 12))
     for batch in DataLoader(ds, batch_size=None, num_workers=1):
         _check(batch, expected)
-    assert ds._pool.free_slots() == 4
+    assert ds.slot_pool.free_slots() == 4
 
 
 def test_spawned_workers_do_not_carry_the_pool(packed):
     path, expected, B = packed
     ds = ShardDataset(path, batch_size=B, batched=True)
-    assert pickle.loads(pickle.dumps(ds))._pool is None
+    assert pickle.loads(pickle.dumps(ds)).slot_pool is None
     loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn")
     total = 0
     for batch in loader:
         _check(batch, expected)
         total += len(batch["__key__"])
-    assert total == len(expected) and ds._pool.free_slots() == ds._pool.slots
+    assert total == len(expected) and ds.slot_pool.free_slots() == ds.slot_pool.slots
 
 
 def test_lease_is_refused_in_the_owner_and_unknown_pools_are_named():
@@ -187,11 +186,11 @@ def test_keys_cross_from_a_worker_as_sample_ids(packed):
     ids = np.arange(B, dtype=np.int64)[::-1].copy()
     keys = Keys.of_samples(ds.reader, ids)
     assert pickle.loads(pickle.dumps(keys)) == keys  # in the owning process: resolved, by value
-    ds._pool.owner = -1  # as if in a forked worker
+    ds.slot_pool.owner = -1  # as if in a forked worker
     fresh = Keys.of_samples(ds.reader, ids)
     blob = _as_sender(lambda: pickle.dumps(fresh))
     assert b"_keys_of_ids" in blob and fresh._blob is None  # ids only, nothing looked up
-    ds._pool.owner = os.getpid()
+    ds.slot_pool.owner = os.getpid()
     back = pickle.loads(blob)
     names = sorted(expected)
     assert back.tolist() == [names[i] for i in ids.tolist()] and len(back) == B
