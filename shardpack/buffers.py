@@ -121,7 +121,7 @@ class SlotPool:
         """Look keys up in ``reader`` for batches that carry sample ids instead (workers send
         ids; the owning process turns them into keys when they are used)."""
         self.reader = reader
-        reader.keys_token = self.token
+        reader.serve_keys(self.token)
 
     def receive(self, slot: int, nbytes: int, gen: int) -> np.ndarray:
         """The slot's bytes as an array of this process's mapping; the slot is freed when the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .batches import LABEL_FIELDS, Batch, Keys, by_shard, pack_bytes, slices
+from .reader import UNPARSED
 from .torchenv import torch
 
 
@@ -56,8 +57,8 @@ class Gatherer:
     upcoming batches at once (1, then 4, 16 and 64 batches, so the first batch waits for its own
     indexes only): a batch then costs the same few numpy calls however many shards it draws from
     (for 1 KB samples, 10 shards a batch cost ~170 us more than 1 shard when this was per batch).
-    Labels are parsed once per sample and process and kept in ``reader.labels``; keys are not
-    touched here (:class:`Keys` looks them up when used)."""
+    Labels are parsed once per sample and process and kept by the reader (``label_memo``); keys
+    are not touched here (:class:`Keys` looks them up when used)."""
 
     STRETCH = (1, 4, 16, 64)  # batches planned at once, growing
 
@@ -90,7 +91,7 @@ class Gatherer:
         shards, rows = reader.locate_many(ids)
         starts = {f: np.zeros(n, dtype=np.int64) for f in self.names}
         sizes = {f: np.zeros(n, dtype=np.int64) for f in self.names}
-        labels = {f: np.full(n, _UNPARSED, dtype=np.int64) for f in self.names
+        labels = {f: np.full(n, UNPARSED, dtype=np.int64) for f in self.names
                   if f in LABEL_FIELDS}
         fast, msgpack = True, False
         for shard, sel in by_shard(shards):
@@ -105,8 +106,9 @@ class Gatherer:
                 if f in spans:
                     starts[f][sel] = spans[f][0][r]
                     sizes[f][sel] = spans[f][1][r]
-                if f in labels and (shard, f) in reader.labels:
-                    labels[f][sel] = reader.labels[(shard, f)][r]
+                memo = reader.label_memo(shard, f) if f in labels else None
+                if memo is not None:
+                    labels[f][sel] = memo[r]
         return dict(lo=lo, hi=lo + n, shards=shards, rows=rows, starts=starts, sizes=sizes,
                     labels=labels, fast=fast, msgpack=msgpack)
 
@@ -155,8 +157,7 @@ class Gatherer:
         for shard, sel in by_shard(shards):
             r = rows[sel]
             if msgpack and reader.index(shard).shard_format == "msgpack":
-                seen = reader.checked.get(shard)
-                todo = r if seen is None else r[~seen[r]]
+                todo = reader.unchecked(shard, r)
                 if len(todo):
                     _check_records(reader.index(shard), todo, bufs[shard],
                                    reader.shard_path(shard), IntegrityError, fmt)
@@ -166,13 +167,13 @@ class Gatherer:
         """ASCII decimal labels -> int64 for the batch at plan positions ``a:b``.  A shard's
         unparsed labels are parsed for the whole planned stretch at once, when the first batch
         that reads that shard comes (its buffer is open then); they stay in the plan and in
-        ``reader.labels`` (8 bytes a sample).  Labels that are not plain digits (``7\\n``,
+        the reader's ``label_memo`` (8 bytes a sample).  Labels that are not plain digits (``7\\n``,
         ``-1``) go through ``int()``, for the whole stretch too; if that fails, the shard is
         marked in the plan and only each batch's own labels are parsed from then on, so the
         error is raised by the batch that holds the bad sample."""
         labels, shards, rows = plan["labels"][f], plan["shards"], plan["rows"]
         starts, sizes = plan["starts"][f], plan["sizes"][f]
-        todo = np.flatnonzero(labels[a:b] == _UNPARSED) + a
+        todo = np.flatnonzero(labels[a:b] == UNPARSED) + a
         if not len(todo):
             return labels[a:b].copy()
         bad = plan.setdefault("bad_labels", set())
@@ -180,7 +181,7 @@ class Gatherer:
             src = np.frombuffer(bufs[shard], dtype=np.uint8)
             mine = todo[shards[todo] == shard]
             if (shard, f) not in bad:
-                mine = np.flatnonzero((shards == shard) & (labels == _UNPARSED))
+                mine = np.flatnonzero((shards == shard) & (labels == UNPARSED))
             parsed = _parse_decimal(src, starts[mine], sizes[mine])
             if parsed is None:
                 try:
@@ -197,11 +198,7 @@ class Gatherer:
                         raise _bad_label(self.reader, shard, f, src, starts[mine],
                                          sizes[mine], rows[mine], exc) from None
             labels[mine] = parsed
-            memo = self.reader.labels.get((shard, f))
-            if memo is None:
-                memo = self.reader.labels[(shard, f)] = np.full(
-                    self.reader.index(shard).num_samples, _UNPARSED, dtype=np.int64)
-            memo[rows[mine]] = parsed
+            self.reader.label_memo(shard, f, create=True)[rows[mine]] = parsed
         return labels[a:b].copy()
 
 
@@ -235,7 +232,6 @@ def _parse_ints(field: str, src: np.ndarray, starts: np.ndarray,
                          "or is missing from some samples") from None
 
 
-_UNPARSED = np.iinfo(np.int64).min
 
 
 def _check_records(index, rows, buf, path, IntegrityError, fmt) -> None:

@@ -22,6 +22,9 @@ from .prefetch import NoPrefetch, Prefetcher
 from .storage import Storage
 
 
+UNPARSED = np.iinfo(np.int64).min  # a label not parsed yet (label_memo)
+
+
 class DatasetReader:
     """A dataset's manifest, its shard indexes (loaded when first needed, checked against the
     manifest), and its samples' bytes, each checked against its index hash once per process.
@@ -44,6 +47,7 @@ class DatasetReader:
         the user trusts; shard identity at mapping and index hashes are still checked."""
         self.storage = Storage(url, storage_options)
         self.trust_storage = trust_storage
+        self.keys_token: str | None = None  # serve_keys
         self.prefetch = prefetch
         try:
             data = self.storage.read_bytes(fmt.MANIFEST_NAME)
@@ -180,6 +184,25 @@ class DatasetReader:
                 if old is not None:
                     old.close()
         return view
+
+    def unchecked(self, shard: int, rows: np.ndarray) -> np.ndarray:
+        """The rows of ``rows`` not yet checked against their index hash in this process."""
+        seen = self.checked.get(shard)
+        return rows if seen is None else rows[~seen[rows]]
+
+    def label_memo(self, shard: int, field: str, create: bool = False) -> np.ndarray | None:
+        """Labels of field ``field`` of shard ``shard`` parsed so far in this process (int64,
+        UNPARSED where not yet): the batched path parses each once (shardpack/gather.py)."""
+        memo = self.labels.get((shard, field))
+        if memo is None and create:
+            memo = self.labels[(shard, field)] = np.full(self.index(shard).num_samples,
+                                                         UNPARSED, dtype=np.int64)
+        return memo
+
+    def serve_keys(self, token: str) -> None:
+        """Batches made in DataLoader workers carry sample ids; keys are looked up here, in the
+        process that owns the slot pool named ``token`` (shardpack/buffers.py)."""
+        self.keys_token = token
 
     def _seen(self, shard: int) -> np.ndarray:
         seen = self.checked.get(shard)
