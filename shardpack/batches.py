@@ -151,9 +151,9 @@ def key_bytes(reader, ids: np.ndarray) -> tuple[bytes, bytes]:
 class Batch(dict):
     """A batch (a dict) that crosses from a DataLoader worker to the trainer cheaply.
 
-    Measured here: every tensor sent through shared memory costs about 2.5 ms (a new segment and a
-    file descriptor passed per tensor), and a fresh 25.6 MB segment costs 28 ms to fill against
-    4 ms for memory already mapped.  So: tensors in a leased slot of a
+    Every tensor sent through shared memory costs a new segment and a file descriptor, and a
+    fresh segment costs far more to fill than memory already mapped (docs/reading.md, "Batch
+    buffers").  So: tensors in a leased slot of a
     :class:`~shardpack.buffers.SlotPool` travel as a slot number; other tensors under
     INLINE_LIMIT bytes are pickled inline (one memcpy); larger ones go through shared memory."""
 

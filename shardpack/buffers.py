@@ -120,6 +120,9 @@ class SlotPool:
     def serve_keys(self, reader) -> None:
         """Look keys up in ``reader`` for batches that carry sample ids instead (workers send
         ids; the owning process turns them into keys when they are used)."""
+        if self.reader is not None and self.reader is not reader:
+            raise ValueError("this slot pool already serves another dataset's keys: give each "
+                             "dataset a pool of its own")
         self.reader = reader
         reader.serve_keys(self.token)
 

@@ -156,7 +156,7 @@ class ShardCache:
                                          path=shard.name)
                 # no fsync: a process re-hashes a cache file before its first use unless it
                 # carries a stamp of this boot, so one torn by a crash (a new boot) is refetched;
-                # fsync cost 15-20% of a cold remote epoch
+                # fsync would cost a good part of a cold remote epoch (docs/remote.md)
                 _stamp(tfd, shard.hash, own=True)  # before anyone can find it (by inode)
                 st = os.fstat(tfd)
                 with self._global():
@@ -363,9 +363,8 @@ def _identity(path: str, fd: int | None = None) -> tuple[str, int, int]:
 
 
 def _file_hash(path: str) -> str:
-    """xxh3-128 of the file, read into one reused 1 MB buffer: a 64 MB file in the page cache
-    hashes in 12 ms, against 15 ms through a memory map and 42 ms reading fresh 8 MB chunks
-    (their pages are new memory each time)."""
+    """xxh3-128 of the file, read into one reused 1 MB buffer: faster than a memory map, and
+    than fresh chunks whose pages are new memory each time (docs/remote.md)."""
     hasher = fmt.new_content_hasher()
     buf = bytearray(1 << 20)
     view = memoryview(buf)

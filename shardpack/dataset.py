@@ -87,6 +87,8 @@ class ShardDataset(IterableDataset):
         self._epoch = SharedInt(-1)
         # batch buffers the workers reuse (shardpack.buffers): made here (or given), before the
         # DataLoader forks them; anonymous, so it lives exactly as long as the processes holding it
+        if slot_pool is not None and not batched:
+            raise ValueError("slot_pool is for batched=True (batches travel through its slots)")
         self._pool = (slot_pool or SlotPool.create()) if batched else None
         if self._pool is not None:  # keys travel from workers as sample ids, looked up here
             self._pool.serve_keys(self.reader)
@@ -114,7 +116,7 @@ class ShardDataset(IterableDataset):
     # -- pickling into workers ----------------------------------------------------------------
     def __getstate__(self):
         self._capture_dist()
-        return dict(self.__dict__)
+        return {**self.__dict__, "_epoch": self._epoch.carried()}
 
     # -- epochs and sizes ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:

@@ -787,18 +787,23 @@ class Manifest:
             raise FormatError("manifest is nested too deeply", path=path) from None
 
     @classmethod
-    def _typed(cls, manifest: dict) -> Manifest:
-        """A checked manifest object, typed."""
+    def _typed(cls, manifest: dict, shards: tuple | None = None) -> Manifest:
+        """A checked manifest object, typed (``shards``: its entries, already typed)."""
         part = manifest.get("part")
         values = {k: _freeze(manifest.get(k)) for k in _MANIFEST_KEYS}
-        values.update(
-            shards=tuple(ShardEntry(*_shard_values(s)) for s in manifest["shards"]),
-            part=Part(part["index"], part["count"]) if part is not None else None)
+        if shards is None:
+            shards = tuple(ShardEntry(*_shard_values(s)) for s in manifest["shards"])
+        values.update(shards=shards,
+                      part=Part(part["index"], part["count"]) if part is not None else None)
         return cls(**values, raw=manifest)
 
     def __reduce__(self):
-        # read-only mappings do not pickle: a reader travels to DataLoader workers as its JSON
-        return (_typed_manifest, (self.to_dict(),))
+        # read-only mappings do not pickle: a reader travels to DataLoader workers as its JSON,
+        # but with the ShardEntry tuple itself, which the reader and its access mode share (one
+        # copy in the pickle and in the worker)
+        raw = self.to_dict()
+        raw.pop("shards", None)
+        return (_typed_manifest_with, (raw, self.shards))
 
     def to_dict(self) -> dict:
         """The manifest as a JSON object: ``raw``'s keys (unknown ones included, their values
@@ -812,8 +817,8 @@ class Manifest:
         return out
 
 
-def _typed_manifest(manifest: dict) -> Manifest:
-    return Manifest._typed(manifest)
+def _typed_manifest_with(manifest: dict, shards: tuple) -> Manifest:
+    return Manifest._typed(manifest, shards)
 
 
 _MANIFEST_KEYS = ("format", "version", "shard_format", "compression", "hash", "fields",

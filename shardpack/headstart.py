@@ -42,6 +42,9 @@ class HeadStart:
     def done(self) -> None:
         self._page.value = self.token
 
+    def __getstate__(self):  # a copy waits for a signal of its own (NOTE in shared.py)
+        return {**self.__dict__, "_page": self._page.carried()}
+
     def wait(self) -> float:
         """Until worker 0 is done with this iteration's first step, at most ``limit`` seconds;
         returns the seconds waited."""

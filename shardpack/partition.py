@@ -111,7 +111,7 @@ def _shuffled(starts: np.ndarray, sizes: np.ndarray, rng, block_size: int,
     # expand blocks to sample ids without a Python loop
     offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     order = np.repeat(firsts, lengths) + offsets
-    if window > 1:  # each window shuffled on its own (a sort of random keys cost 7x more)
+    if window > 1:  # each window shuffled on its own (cheaper than sorting random keys)
         full = total // window * window
         order[:full] = rng.permuted(order[:full].reshape(-1, window), axis=1).ravel()
         order[full:] = rng.permutation(order[full:])

@@ -30,6 +30,16 @@ class SharedInt:
     def value(self, value: int) -> None:
         self._page.value = value
 
+    def carried(self) -> "SharedInt":
+        """What an object holding this page hands to its ``__getstate__``: the page itself for a
+        worker being started, a page of its own for any other copy (``copy.copy`` included,
+        which does not pickle what the state holds)."""
+        if get_spawning_popen() is not None:
+            return self
+        copy = SharedInt.__new__(SharedInt)
+        copy.__setstate__(self.__getstate__())
+        return copy
+
     def __getstate__(self):
         if get_spawning_popen() is not None:  # a worker being started: the page itself
             return (self.initial, self.keep_value, self._page)

@@ -243,3 +243,14 @@ def test_forked_children_free_nothing_and_dead_workers_slots_come_back():
     stale = (handle[0], 1, 100, int(pool._gen[1]) - 1)
     with pytest.raises(ShardpackError, match="taken back"):
         receive(*stale)  # an old handle for a reused slot is refused, never read
+
+
+def test_a_pool_serves_one_dataset(packed):
+    """Two datasets on one pool would look batch keys up in the wrong reader: refused."""
+    path, _, B = packed
+    pool = SlotPool(slots=2)
+    ShardDataset(path, batch_size=B, batched=True, slot_pool=pool)
+    with pytest.raises(ValueError, match="already serves another dataset"):
+        ShardDataset(path, batch_size=B, batched=True, slot_pool=pool)
+    with pytest.raises(ValueError, match="slot_pool is for batched=True"):
+        ShardDataset(path, batch_size=B, slot_pool=SlotPool(slots=2))

@@ -453,3 +453,16 @@ def test_labels_that_int_accepts_are_parsed_once_per_stretch(tmp_path, monkeypat
     got = torch.cat([b["cls"] for b in DataLoader(ds, batch_size=None)]).tolist()
     assert got == [i % 7 if i % 2 else -(i % 5) for i in range(N)]
     assert len(calls) == 3  # stretches of 1, 4 and 16 batches (13 batches in all)
+
+
+def test_copies_have_their_own_epoch_and_a_pickled_reader_one_shard_list(packed):
+    import copy
+    import pickle
+
+    ds = ShardDataset(packed)
+    twin = copy.copy(ds)
+    twin.set_epoch(7)
+    assert ds.epoch == 0 and twin.epoch == 7  # a copy's set_epoch is its own
+    reader = pickle.loads(pickle.dumps(ds.reader))
+    assert reader.shards is reader.manifest.shards  # one list of entries, not two
+    assert reader.manifest == ds.reader.manifest
