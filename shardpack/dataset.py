@@ -17,7 +17,7 @@ import numpy as np
 from . import partition
 from .access import Burst
 from .errors import ShardpackError
-from .prefetch import NOTHING, NoPrefetch
+from .prefetch import NOTHING
 from .shared import SharedInt
 from .buffers import SlotPool
 from .reader import DatasetReader
@@ -217,7 +217,7 @@ class ShardDataset(IterableDataset):
         settle_worker()
         position, share = self._begin()
         skip = position.yielded.value
-        fetcher = NoPrefetch()
+        fetcher = NOTHING
         try:
             if self.reader.prefetch > 0:  # cold cache: the rank's first batch by ranged reads
                 self._fast_start_batch(position, share.ids[skip:skip + self.batch_size])
@@ -298,17 +298,17 @@ class ShardDataset(IterableDataset):
         need nothing more.  A do-nothing one for local data."""
         reader, access = self.reader, self.reader.access
         if not access.prefetches or reader.prefetch <= 0:
-            return NoPrefetch()
+            return NOTHING
         served = self.batch_size if reader.has_pieces else 0
         shards, rows = reader.locate_many(share.ids[skip + served:])
         if not len(shards):
-            return NoPrefetch()
+            return NOTHING
         keys = access.unit_keys(shards, rows)
         distinct, needs = np.unique(keys, return_index=True)
         order = np.argsort(needs, kind="stable")
         distinct, needs = distinct[order], needs[order] + served
         if access.all_cached(distinct.tolist()):
-            return NoPrefetch()  # a warm epoch starts no thread (a cached shard's turn just
+            return NOTHING  # a warm epoch starts no thread (a cached shard's turn just
             #                      marks it recently used, which keeps it from eviction)
         units = [access.unit(k) for k in distinct.tolist()]
         # what the mode fetches ahead of the current batch: with a cache, this worker's part

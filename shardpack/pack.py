@@ -210,7 +210,7 @@ def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, s
             if bar is not None:
                 bar.set_postfix_str(
                     f"{plural(len(results), 'shard')}, "
-                    f"{plural(sum(r.samples for r in results.values()), 'sample')}")
+                    f"{plural(sum(r.entry.samples for r in results.values()), 'sample')}")
         if not results and not isinstance(source, PartOf):  # (a part may be empty)
             raise ShardpackError("no samples found in the source", path=source.src,
                                  hint="check SRC, or the skip counts of --skip-bad")
@@ -453,9 +453,9 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
         "shard_format": options.shard_format,
         "compression": options.compression,
         "hash": fmt.HASH_NAME,
-        "num_samples": sum(r.samples for r in ordered),
+        "num_samples": sum(r.entry.samples for r in ordered),
         "num_shards": len(ordered),
-        "num_bytes": sum(r.bytes for r in ordered),
+        "num_bytes": sum(r.entry.bytes for r in ordered),
         "fields": fields,
         "classes": source.report.classes,
         "layout": source.report.layout,
@@ -466,7 +466,7 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
         "ignored": getattr(source.report, "ignored", 0) if walk else 0,
         "preprocessing": {"resize": options.resize, "quality": options.quality}
         if options.resize else None,
-        "shards": [r.manifest_entry() for r in ordered],
+        "shards": [r.entry.to_dict() for r in ordered],
     }
     if converted_from:
         manifest["source"] = {"from": converted_from, "notes": list(source.report.notes)}
@@ -489,7 +489,7 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
     report = source.report
     summary.images = report.images if getattr(report, "group", None) == "image" else None
     summary.ignored = getattr(report, "ignored", 0)
-    summary.index_bytes = sum(r.index_bytes for r in ordered)
+    summary.index_bytes = sum(r.entry.index_bytes for r in ordered)
     if getattr(report, "first_ignored", None):
         summary.notes.append(f"files that are neither images nor sidecars of one are not "
                              f"samples, e.g. {report.first_ignored[0]}")

@@ -18,7 +18,7 @@ import numpy as np
 from . import format as fmt
 from .access import MAX_OPEN_SHARDS, Burst, make_access
 from .errors import DatasetNotFoundError, FormatError, IntegrityError
-from .prefetch import NoPrefetch, Prefetcher
+from .prefetch import NOTHING, Prefetcher
 from .storage import Storage
 
 
@@ -285,7 +285,7 @@ class DatasetReader:
         the first reading position that needs unit i); a do-nothing one when there is nothing
         to fetch ahead (local data, or prefetch=0)."""
         if not self.access.prefetches or self.prefetch <= 0 or not units:
-            return NoPrefetch()
+            return NOTHING
         return Prefetcher(self, units, needs, self.prefetch, ahead)
 
     def fetch_pieces(self, ids) -> int:

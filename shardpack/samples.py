@@ -336,7 +336,7 @@ class Source:
                         "fix or remove it, or pass --skip-bad to skip and count such entries")
 
     def _detect(self, layout: str) -> str:
-        entries = [(name, is_dir) for name, path, is_dir in self._top()
+        entries = [(name, is_dir) for name, path, is_dir in self._entries(self.src)
                    if not name.startswith(".") and not self._excluded(path)]
         if not entries:
             raise SourceError("source folder is empty", path=self.src,
@@ -350,9 +350,6 @@ class Source:
                                   f"found file {not_dirs[0]!r}", path=self.src)
             self.report.classes = [name for name, _ in entries]
         return layout
-
-    def _top(self) -> list[tuple[str, str, bool]]:
-        return self._entries(self.src)
 
     def _entries(self, folder: str, follow: bool = True) -> list[tuple[str, str, bool]]:
         """(name, path, is a folder) of a folder's entries, sorted; [] if it cannot be listed

@@ -32,26 +32,15 @@ on_files = None
 
 @dataclass(frozen=True)
 class ShardResult:
-    """What the manifest needs to know about one written shard."""
+    """One written shard: its manifest entry, and what the pack's summary needs besides."""
 
     number: int
-    name: str
-    index: str
-    samples: int
-    bytes: int
-    hash: str
-    index_bytes: int
-    index_hash: str
+    entry: fmt.ShardEntry
     fields: tuple[str, ...]
     source_bytes: int = 0
     skipped: dict = field(default_factory=dict)
     first_skips: tuple[str, ...] = ()
     files: int = 0  # source files read
-
-    def manifest_entry(self) -> dict:
-        return {"name": self.name, "index": self.index, "samples": self.samples,
-                "bytes": self.bytes, "hash": self.hash, "index_bytes": self.index_bytes,
-                "index_hash": self.index_hash}
 
 
 class _Sink:
@@ -168,9 +157,10 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
         field_sizes=np.array(field_sizes, dtype="<u8").reshape(rows, width), keys=keys)
     index_file = fmt.index_name(task.number)
     storage.write_atomic(index_file, index)
-    return ShardResult(task.number, shard, index_file, rows, sink.pos, sink.hasher.hexdigest(),
-                       len(index), fmt.content_hash(index), tuple(names), source_bytes,
-                       dict(skipped), tuple(first_skips), task.files)
+    entry = fmt.ShardEntry(shard, index_file, rows, sink.pos, sink.hasher.hexdigest(),
+                           len(index), fmt.content_hash(index))
+    return ShardResult(task.number, entry, tuple(names), source_bytes, dict(skipped),
+                       tuple(first_skips), task.files)
 
 
 def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
@@ -198,9 +188,9 @@ def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
     # every field of every kept sample, as written (after any --resize)
     source_bytes = int(index.entry_sizes.sum())
     skipped = {"read-failed": index.skipped} if index.skipped else {}
-    return ShardResult(task.number, shard, index_file, index.num_samples, index.shard_bytes,
-                       hasher.hexdigest(), len(data), fmt.content_hash(data), index.fields,
-                       source_bytes, skipped, (), task.files)
+    entry = fmt.ShardEntry(shard, index_file, index.num_samples, index.shard_bytes,
+                           hasher.hexdigest(), len(data), fmt.content_hash(data))
+    return ShardResult(task.number, entry, index.fields, source_bytes, skipped, (), task.files)
 
 
 _PADDING = [bytes(-n % fmt.TAR_BLOCK) for n in range(fmt.TAR_BLOCK)]

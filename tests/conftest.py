@@ -96,6 +96,19 @@ def reseal(out: Path) -> None:
     (out / fmt.MANIFEST_NAME).write_bytes(fmt.encode_manifest(manifest))
 
 
+def proc_files(name: str) -> dict[int, bytes]:
+    """``/proc/<pid>/<name>`` of every process now (those that vanish while read are left
+    out): for tests that find or kill processes a library started."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                out[int(entry)] = Path(f"/proc/{entry}/{name}").read_bytes()
+            except OSError:
+                continue
+    return out
+
+
 @pytest.fixture
 def small_tree(tmp_path) -> Path:
     """An ImageFolder-like tree with odd names and an extra json field."""

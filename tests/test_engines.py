@@ -24,7 +24,7 @@ from shardpack.errors import ShardpackError
 from shardpack.plan import part_of
 from shardpack.samples import Source
 
-from .conftest import make_tree
+from .conftest import make_tree, proc_files
 from .servers import s3_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,16 +302,7 @@ def test_ray_is_byte_identical_and_survives_a_killed_worker(tree, tmp_path, refe
 
 def _ray_task_workers() -> list[int]:
     """PIDs of Ray worker processes running a task now (their title is ``ray::_call``)."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmd.startswith(b"ray::_call"):
-                pids.append(int(pid))
-    return pids
+    return [pid for pid, cmd in proc_files("cmdline").items() if cmd.startswith(b"ray::_call")]
 
 
 @pytest.mark.slow

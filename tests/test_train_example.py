@@ -14,7 +14,7 @@ import pytest
 
 import shardpack
 
-from .conftest import ROOT
+from .conftest import ROOT, proc_files
 
 
 def _port() -> int:
@@ -43,19 +43,10 @@ def _kill_tree(proc) -> None:
     """SIGKILL torchrun and every process under it, then wait until they are gone.  Not just
     its process group: torchrun may start the ranks in sessions of their own, and ranks that
     outlive the kill keep training and writing checkpoints next to the resumed job."""
-    def children() -> dict[int, list[int]]:
-        kids: dict[int, list[int]] = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                except OSError:
-                    continue
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                kids.setdefault(ppid, []).append(int(entry))
-        return kids
-
-    kids, tree, todo = children(), [], [proc.pid]
+    kids: dict[int, list[int]] = {}
+    for pid, stat in proc_files("stat").items():
+        kids.setdefault(int(stat.rsplit(b")", 1)[1].split()[1]), []).append(pid)
+    tree, todo = [], [proc.pid]
     while todo:
         pid = todo.pop()
         tree.append(pid)
