@@ -21,7 +21,7 @@ from .prefetch import NOTHING
 from .shared import SharedInt
 from .buffers import SlotPool
 from .reader import DatasetReader
-from .torchenv import IterableDataset, dist, placement, settle_worker
+from .torchenv import IterableDataset, dist, placement, settle_worker, torch
 
 STATE_VERSION = 2  # changes whenever the order of a (seed, epoch) changes (docs/reading.md)
 
@@ -32,6 +32,7 @@ class ShardDataset(IterableDataset):
     Each rank yields ``len(ds)`` samples per epoch, the same for every rank.  Samples are dicts:
     ``__key__`` (str), ``__index__`` (int, global sample id), ``__repeat__`` (bool, True for a
     padding repeat) and one entry per field: ``bytes``, or whatever ``decode`` makes of them.
+    Batches (``batched=True``) also carry ``__epoch__``, the epoch they were read in.
 
     Pass ``batch_size`` equal to the DataLoader's: workers then take whole batches round-robin, the
     loader's output is this rank's sequence in order, and ``state_dict(samples_seen=k)`` can resume
@@ -349,6 +350,9 @@ class ShardDataset(IterableDataset):
                 self.stats["yielded"] += len(part)
                 self.stats["repeats"] += int(part.repeat.sum())
             running.yielded.value = start + len(part)
+            # the epoch travels with the batch: GPU crops in the training process follow it
+            batch["__epoch__"] = torch.full((len(batch["__index__"]),), running.epoch,
+                                            dtype=torch.int64)
             batch = self._finish(batch)
             if not fetcher.started:  # the fast start's batch is made:
                 fetcher.reading(min(len(share), start + len(part) + size) - skip)  # downloads

@@ -3,16 +3,16 @@ stream, decodes JPEGs on the GPU if asked, and measures how long the consumer wa
 
 Same API on CPU (``device="cpu"``), so training code runs unchanged on a laptop.
 
-* ``decode=None``: batches pass through; tensors move to the device.
+* ``decode=None``: batches pass through; tensors (in dicts, lists and tuples) move to the device.
 * ``decode="cpu"``: workers decoded already (``ShardDataset(..., decode=shardpack.CpuDecode())``);
   the uint8 NHWC ``image`` moves to the device and becomes float NCHW (channels-last memory),
   normalised there.
-* ``decode="gpu"``: workers ship raw JPEG bytes (one uint8 tensor + offsets per batch); the bytes
-  are pinned, decoded with nvJPEG (``torchvision.io.decode_jpeg(..., device="cuda")``, batched),
-  cropped, resized, flipped and normalised on the GPU.  Crops follow the same rule and the same
-  (seed, epoch, index) randomness as the CPU path.  Non-JPEG or undecodable images fall back to
-  CPU decode for that sample, counted in ``stats["cpu_fallbacks"]``.  torchvision is imported only
-  here, only on this path.
+* ``decode="gpu"``: workers ship raw JPEG bytes (one uint8 tensor + offsets per batch);
+  :class:`~shardpack.gpudecode.GpuDecoder` decodes them with nvJPEG in bounded chunks and crops,
+  resizes and flips on the GPU, with the CPU path's crop rule and (seed, epoch, index)
+  randomness.  Images nvJPEG does not take (other formats, CMYK) or fails on decode on the CPU,
+  counted in ``stats["cpu_fallbacks"]``; an image nothing decodes raises ``DecodeError`` naming
+  the sample, or with ``on_error="skip"`` is zeros flagged in ``batch["__bad__"]``.
 """
 
 from __future__ import annotations
@@ -21,46 +21,65 @@ import queue
 import threading
 import time
 
-import numpy as np
-
 from .batches import BytesBatch
-from .decode import (CropOptions, DecodeError, SampleRandom, crop_box, decode_image, image_batch,
-                     should_flip)
+from .decode import CropOptions, image_batch
+from .errors import DeviceError
+from .gpudecode import GpuDecoder, batch_epoch, resolve_device
 from .torchenv import torch
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+STATS = ("batches", "samples", "wait_s", "device_wait_s", "wall_s", "cpu_fallbacks", "gpu_failed",
+         "bad")
 
 
 class DeviceLoader:
     def __init__(self, loader, device="cpu", decode: str | None = None, prefetch: int = 2, *,
                  size: int = 224, train: bool = True, field: str | None = None, seed: int = 0,
-                 normalize: bool = True, dtype=torch.float32):
+                 normalize: bool = True, dtype=torch.float32, on_error: str = "raise"):
         if decode not in (None, "cpu", "gpu"):
             raise ValueError(f"decode must be None, 'cpu' or 'gpu', got {decode!r}")
-        self.loader = loader
-        self.device = torch.device(device)
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        cuda = torch.cuda.is_available()
+        if decode == "gpu" and not cuda:
+            raise DeviceError("decode='gpu' needs a CUDA device; this machine has none "
+                              f"(torch {torch.__version__})", hint="use decode='cpu'")
+        self.device = resolve_device(device, cuda_available=cuda,
+                                     device_count=torch.cuda.device_count() if cuda else 0,
+                                     current=torch.cuda.current_device() if cuda else 0)
         if decode == "gpu" and self.device.type != "cuda":
-            raise ValueError("decode='gpu' needs a CUDA device; use decode='cpu' on this machine")
+            raise ValueError(f"decode='gpu' needs a CUDA device, got device={device!r}; use "
+                             "device='cuda' or decode='cpu'")
+        self.loader = loader
         self.decode = decode
         self.prefetch = max(1, prefetch)
         self.field = field
         self.opts = CropOptions(size=size, train=train, seed=seed)
         self.normalize, self.dtype = normalize, dtype
         self.epoch = 0
-        self.stats = {"batches": 0, "samples": 0, "wait_s": 0.0, "wall_s": 0.0,
-                      "cpu_fallbacks": 0}
+        self.stats: dict = {}
+        self.reset_stats()
         self._consumed = 0  # samples handed to the consumer this epoch (for state_dict)
         self._mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1)
         self._std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1)
+        self._gpu = GpuDecoder(self.device, self.opts, on_error=on_error, stats=self.stats) \
+            if decode == "gpu" else None
 
     def __len__(self) -> int:
         return len(self.loader)
 
+    def reset_stats(self) -> None:
+        """Zero the counters (e.g. after a warm-up); they are updated at every batch."""
+        self.stats.update({name: 0.0 if name.endswith("_s") else 0 for name in STATS})
+
     @property
     def wait_fraction(self) -> float:
+        """Share of the loop's wall time the consumer waited for data: on the host for a batch to
+        be ready, plus (CUDA) the time the consumer's stream stalled on the batch's copy and
+        decode (timed with CUDA events).  Up to date after every batch."""
         wall = self.stats["wall_s"]
-        return self.stats["wait_s"] / wall if wall else 0.0
+        return (self.stats["wait_s"] + self.stats["device_wait_s"]) / wall if wall else 0.0
 
     # -- state: counts what the consumer received, delegates to the dataset ---------------------
     def set_epoch(self, epoch: int) -> None:
@@ -89,31 +108,10 @@ class DeviceLoader:
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
-        def produce() -> None:
-            try:
-                for batch in self.loader:
-                    if cuda:
-                        with torch.cuda.stream(stream):
-                            moved = self._to_device(batch)
-                            event = torch.cuda.Event()
-                            event.record(stream)
-                    else:
-                        moved, event = self._to_device(batch), None
-                    while not stop.is_set():
-                        try:
-                            ready.put((moved, event, None), timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        return
-                ready.put((None, None, StopIteration()))
-            except BaseException as exc:  # hand any failure to the consumer, never hang
-                ready.put((None, None, exc))
-
-        thread = threading.Thread(target=produce, name="shardpack-prefetch", daemon=True)
-        start = time.perf_counter()
-        waited = 0.0
+        thread = threading.Thread(target=self._produce, args=(stream, ready, stop),
+                                  name="shardpack-prefetch", daemon=True)
+        stalls = _Stalls(self.stats) if cuda else None
+        last = time.perf_counter()
         thread.start()
         try:
             while True:
@@ -121,9 +119,12 @@ class DeviceLoader:
                 batch, event, error = ready.get()
                 if event is not None:
                     current = torch.cuda.current_stream(self.device)
-                    current.wait_event(event)
+                    stalls.wait(current, event)
                     _record_stream(batch, current)
-                waited += time.perf_counter() - t0
+                now = time.perf_counter()
+                self.stats["wait_s"] += now - t0
+                self.stats["wall_s"] += now - last
+                last = now
                 if isinstance(error, StopIteration):
                     return
                 if error is not None:
@@ -140,16 +141,48 @@ class DeviceLoader:
                     ready.get_nowait()
                 except queue.Empty:
                     thread.join(0.05)
-            self.stats["wait_s"] += waited
-            self.stats["wall_s"] += time.perf_counter() - start
+            if stalls is not None:
+                stalls.settle(wait=True)
+            self.stats["wall_s"] += time.perf_counter() - last
 
-    def _to_device(self, batch):
+    def _produce(self, stream, ready: queue.Queue, stop: threading.Event) -> None:
+        """The producer thread: batches from the loader, moved (and decoded) on ``stream``."""
+        try:
+            if stream is not None:  # this thread's own current device: else every rank's is 0
+                torch.cuda.set_device(self.device)
+            for batch in self.loader:
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        moved = self._to_device(batch, stream)
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                else:
+                    moved, event = self._to_device(batch, None), None
+                while not stop.is_set():
+                    try:
+                        ready.put((moved, event, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ready.put((None, None, StopIteration()))
+        except BaseException as exc:  # hand any failure to the consumer, never hang
+            ready.put((None, None, exc))
+
+    def _to_device(self, batch, stream):
         if not isinstance(batch, dict):
             return _move(batch, self.device)
         if self.decode == "gpu":
             batch = dict(batch)
-            batch["image"] = self._gpu_decode(image_batch(batch, self.field),
-                                              batch["__index__"].tolist())
+            items = image_batch(batch, self.field)
+            image, bad = self._gpu(items.data, items.offsets.tolist(), batch["__index__"].tolist(),
+                                   batch["__key__"], batch_epoch(batch, self.epoch), stream)
+            batch["image"] = image
+            if bad or "__bad__" not in batch:
+                flags = torch.zeros(len(batch["__index__"]), dtype=torch.bool)
+                flags[bad] = True
+                batch["__bad__"] = flags
         elif self.decode == "cpu" and "image" not in batch:
             raise ValueError("decode='cpu' expects decoded images from the workers: pass "
                              "decode=shardpack.CpuDecode() to ShardDataset(..., batched=True)")
@@ -169,86 +202,61 @@ class DeviceLoader:
             image = (image - self._mean.to(self.dtype)) / self._std.to(self.dtype)
         return image.contiguous(memory_format=torch.channels_last)
 
-    def _gpu_decode(self, items: BytesBatch, ids: list[int]) -> "torch.Tensor":
-        """nvJPEG batch decode, then crop + resize + flip per image on the GPU: uint8 NHWC."""
-        import torchvision.io as tvio  # only on the GPU path
 
-        data = items.data if items.data.is_pinned() else items.data.pin_memory()
-        offsets = items.offsets.tolist()
-        encoded, plan, sizes = [], [], []
-        out = torch.empty((len(ids), self.opts.size, self.opts.size, 3), dtype=torch.uint8,
-                          device=self.device)
-        fallback = []
-        for i, gid in enumerate(ids):
-            raw = data[offsets[i]:offsets[i + 1]]
-            rnd = SampleRandom(self.opts.seed, self.epoch, gid) if self.opts.train else None
-            header = _jpeg_size(raw.numpy())
-            if header is None:
-                fallback.append((i, raw, rnd))
-                continue
-            encoded.append(raw)
-            plan.append((i, rnd))
-            sizes.append(header)
-        if encoded:
-            try:
-                images = tvio.decode_jpeg(encoded, device=self.device,
-                                          mode=tvio.ImageReadMode.RGB)
-            except RuntimeError:
-                images = None
-            if images is None:  # one bad image fails the batch call: fall back one by one
-                fallback += [(i, raw, rnd) for (i, rnd), raw in zip(plan, encoded, strict=True)]
-            else:
-                for (i, rnd), img in zip(plan, images, strict=True):
-                    h, w = img.shape[1:]
-                    top, left, ch, cw = crop_box(h, w, self.opts, rnd)
-                    crop = img[None, :, top:top + ch, left:left + cw].float()
-                    res = torch.nn.functional.interpolate(
-                        crop, size=(self.opts.size, self.opts.size), mode="bilinear",
-                        antialias=True, align_corners=False)[0].round_().clamp_(0, 255)
-                    res = res.to(torch.uint8)
-                    if should_flip(rnd, self.opts):
-                        res = res.flip(-1)
-                    out[i] = res.permute(1, 2, 0)
-        for i, raw, rnd in fallback:
-            self.stats["cpu_fallbacks"] += 1
-            try:
-                pixels = decode_image(raw.numpy().tobytes(), self.opts, rnd)
-            except DecodeError:
-                pixels = np.zeros((self.opts.size, self.opts.size, 3), dtype=np.uint8)
-            out[i] = torch.from_numpy(np.ascontiguousarray(pixels)).to(self.device)
-        return out
+class _Stalls:
+    """Times how long the consumer's stream stalls on each batch's copy and decode: an event
+    before and after its wait, read when both have completed (never blocking the loop)."""
 
+    def __init__(self, stats: dict):
+        self.stats, self.pending = stats, []
 
-def _jpeg_size(raw: np.ndarray):
-    if raw[:2].tobytes() != b"\xff\xd8":
-        return None
-    try:
-        import simplejpeg
+    def wait(self, current, event) -> None:
+        before, after = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        before.record(current)
+        current.wait_event(event)
+        after.record(current)
+        self.pending.append((before, after))
+        self.settle()
 
-        return simplejpeg.decode_jpeg_header(raw)[:2]
-    except ValueError:
-        return None
+    def settle(self, wait: bool = False) -> None:
+        while self.pending and (wait or self.pending[0][1].query()):
+            before, after = self.pending.pop(0)
+            after.synchronize()
+            self.stats["device_wait_s"] += before.elapsed_time(after) / 1000
 
 
 def _move(value, device):
+    """Tensors (also inside BytesBatch, dicts, lists and tuples) to ``device``: from pinned memory
+    without blocking; pageable tensors are pinned first on CUDA."""
     if isinstance(value, BytesBatch):
         return BytesBatch(_move(value.data, device), _move(value.offsets, device))
     if isinstance(value, torch.Tensor):
         if value.device == device:
             return value
-        if device.type == "cuda" and not value.is_pinned():
+        if device.type == "cuda" and value.device.type == "cpu" and not value.is_pinned():
             value = value.pin_memory()
         return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: _move(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_move(v, device) for v in value]
+    if isinstance(value, tuple):  # a named tuple keeps its type
+        moved = [_move(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, "_fields") else tuple(moved)
     return value
 
 
-def _record_stream(batch, stream) -> None:
+def _record_stream(value, stream) -> None:
     """Tell the caching allocator these tensors are used on the consumer's stream too."""
-    for value in (batch.values() if isinstance(batch, dict) else [batch]):
-        tensors = value if isinstance(value, BytesBatch) else [value]
-        for t in tensors:
-            if isinstance(t, torch.Tensor) and t.is_cuda:
-                t.record_stream(stream)
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            value.record_stream(stream)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _record_stream(v, stream)
+    elif isinstance(value, (list, tuple)):  # BytesBatch too
+        for v in value:
+            _record_stream(v, stream)
 
 
 def _batch_len(batch) -> int:

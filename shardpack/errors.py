@@ -93,6 +93,11 @@ class DecodeError(ShardpackError, ValueError):
     """An image field that cannot be decoded (corrupt, truncated, unsupported)."""
 
 
+class DeviceError(ShardpackError, RuntimeError):
+    """The device path cannot run here: no CUDA device, no or too old torchvision, nvJPEG
+    missing (found once, when the DeviceLoader is made)."""
+
+
 class RemoteError(ShardpackError, OSError):
     """A remote request failed for good (after retries, or at once for 403 and similar)."""
 
@@ -106,6 +111,7 @@ __all__ = [
     "CacheError",
     "DatasetNotFoundError",
     "DecodeError",
+    "DeviceError",
     "FileSystemError",
     "FormatError",
     "IntegrityError",

@@ -159,7 +159,7 @@ def test_device_loader_state_roundtrip(image_ds):
 def test_gpu_decode_refused_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA device exists")
-    with pytest.raises(ValueError, match="needs a CUDA device"):
+    with pytest.raises(shardpack.DeviceError, match="needs a CUDA device; this machine has none"):
         DeviceLoader([], device="cpu", decode="gpu")
 
 
@@ -168,15 +168,21 @@ def test_gpu_decode_close_to_cpu(image_ds):
     pytest.importorskip("torchvision")
     ds = ShardDataset(image_ds, batch_size=8, batched=True, shuffle=False)
     gpu = DeviceLoader(DataLoader(ds, batch_size=None), device="cuda", decode="gpu", size=64,
-                       normalize=False)
+                       normalize=False, on_error="skip")
+    assert gpu.device == torch.device("cuda", torch.cuda.current_device())
     cpu_ds = ShardDataset(image_ds, batch_size=8, batched=True, shuffle=False,
                           decode=CpuDecode(64, on_error="skip"))
     cpu = DeviceLoader(DataLoader(cpu_ds, batch_size=None), device="cuda", decode="cpu",
                        normalize=False)
     for g, c in zip(gpu, cpu, strict=True):
+        assert g["image"].device == gpu.device
         diff = (g["image"].float() - c["image"].float()).abs().mean()
         assert diff < 6
-    assert gpu.stats["cpu_fallbacks"] == 1  # the broken JPEG
+        assert g["__bad__"].tolist() == c["__bad__"].tolist()
+    assert gpu.stats["cpu_fallbacks"] == 1 and gpu.stats["bad"] == 1  # the broken JPEG
+    raising = DeviceLoader(DataLoader(ds, batch_size=None), device="cuda", decode="gpu", size=64)
+    with pytest.raises(DecodeError, match="bad"):
+        list(raising)
 
 
 def test_bench_command_end_to_end(image_ds, tmp_path):

@@ -1,0 +1,249 @@
+"""The GPU decode path, planned and run without CUDA: device index, torchvision check, routing,
+chunks, per-image retry, the epoch hand-off, and GpuDecoder end to end with a CPU stand-in for
+nvJPEG (the same plan, crops and fallbacks as on a GPU).  Plus the one-line errors on a machine
+without CUDA."""
+
+import io
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import shardpack
+from shardpack import DeviceLoader, ShardDataset
+from shardpack.batches import BytesBatch
+from shardpack.decode import CpuDecode, CropOptions, SampleRandom, decode_image
+from shardpack.errors import DecodeError, DeviceError
+from shardpack.gpudecode import (GpuDecoder, Route, batch_epoch, check_torchvision,
+                                 decode_chunks, is_fatal, plan_chunks, resolve_device, route)
+
+from .conftest import make_tree, run_cli
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+def _photo(seed, w, h, mode="RGB", fmt="JPEG"):
+    from PIL import Image
+
+    y, x = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(seed)
+    arr = np.stack([(x * (seed + 2)) % 256, (y * 3) % 256, ((x + y) * 2) % 256], -1)
+    arr = np.clip(arr + rng.normal(0, 5, arr.shape), 0, 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(arr).convert(mode).save(buf, fmt)
+    return buf.getvalue()
+
+
+# -- device index ---------------------------------------------------------------------------------
+
+def test_cuda_without_index_is_the_current_device():
+    kw = dict(cuda_available=True, device_count=4)
+    assert resolve_device("cuda", current=2, **kw) == torch.device("cuda:2")
+    assert resolve_device("cuda", current=0, **kw) == torch.device("cuda", 0)
+    assert resolve_device(torch.device("cuda:3"), current=0, **kw) == torch.device("cuda:3")
+    assert resolve_device("cpu", current=1, **kw) == torch.device("cpu")
+    with pytest.raises(DeviceError, match="has 4 CUDA device"):
+        resolve_device("cuda:4", current=0, **kw)
+    with pytest.raises(DeviceError, match="no CUDA device"):
+        resolve_device("cuda", cuda_available=False, device_count=0, current=0)
+
+
+def test_torchvision_version_check():
+    for ok in ("0.20.0", "0.20.1+cu121", "0.26.0+cu130", "1.0.0", "0.21.0a0+git1234"):
+        check_torchvision(ok)
+    for old in ("0.19.1+cu121", "0.15.2", "0.2.0"):
+        with pytest.raises(DeviceError, match=r"torchvision >= 0\.20.*found " + re.escape(old)):
+            check_torchvision(old)
+
+
+# -- routing and planning -------------------------------------------------------------------------
+
+def test_route_sends_cmyk_other_formats_and_bad_headers_to_cpu():
+    rgb = route(np.frombuffer(_photo(0, 40, 30), np.uint8))
+    assert rgb == Route(True, 30, 40)
+    gray = route(np.frombuffer(_photo(1, 20, 10, mode="L"), np.uint8))
+    assert gray.gpu and (gray.height, gray.width) == (10, 20)
+    cmyk = route(np.frombuffer(_photo(2, 20, 10, mode="CMYK"), np.uint8))
+    assert not cmyk.gpu and "CMYK" in cmyk.reason
+    png = route(np.frombuffer(_photo(3, 20, 10, fmt="PNG"), np.uint8))
+    assert not png.gpu and png.reason == "not a JPEG"
+    broken = route(np.frombuffer(b"\xff\xd8 not really", np.uint8))
+    assert not broken.gpu and broken.reason.startswith("JPEG header")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chunks_cover_every_image_once_in_order_within_the_budget(seed):
+    rng = np.random.default_rng(seed)
+    sizes = [(int(h), int(w)) for h, w in rng.integers(1, 4000, size=(rng.integers(0, 300), 2))]
+    budget, most = int(rng.integers(1, 50)) << 20, int(rng.integers(1, 64))
+    chunks = plan_chunks(sizes, budget, most)
+    assert [i for c in chunks for i in c] == list(range(len(sizes)))
+    for chunk in chunks:
+        assert 1 <= len(chunk) <= most
+        pixels = sum(sizes[i][0] * sizes[i][1] * 3 for i in chunk)
+        assert pixels <= budget or len(chunk) == 1
+    # 256 images of 12 MP would be ~9 GB decoded at once: the default plan splits them
+    big = plan_chunks([(3000, 4000)] * 256)
+    assert max(sum(3000 * 4000 * 3 for _ in c) for c in big) <= 512 << 20 and len(big) > 1
+
+
+class _FakeNvjpeg:
+    """Stands in for nvJPEG: a call with any bad item fails as a whole, as the batched call
+    does; records the calls."""
+
+    def __init__(self, fatal=None):
+        self.calls, self.fatal = [], fatal
+
+    def __call__(self, items):
+        self.calls.append(list(items))
+        if self.fatal is not None and self.fatal in items:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        bad = [x for x in items if x.startswith("bad")]
+        if bad:
+            raise RuntimeError(f"Error while decoding JPEG images: Failed to decode batch: 6 "
+                               f"({bad[0]})")
+        return [f"img:{x}" for x in items]
+
+
+def test_a_failed_chunk_is_retried_image_by_image():
+    items = ["a", "b", "bad1", "c", "d", "bad2", "e"]
+    fake, syncs = _FakeNvjpeg(), []
+    out = list(decode_chunks(items, [[0, 1, 2, 3], [4, 5, 6]], fake,
+                             before=lambda: syncs.append(1)))
+    decoded = [img for _, images, _ in out for img in images]
+    assert decoded == ["img:a", "img:b", None, "img:c", "img:d", None, "img:e"]
+    failed = {i: why for _, _, f in out for i, why in f.items()}
+    assert set(failed) == {2, 5} and "Failed to decode batch" in failed[2]
+    # two batched calls, then one call per image of each failed chunk; synchronised before each
+    assert len(fake.calls) == 2 + 7 and len(syncs) == len(fake.calls)
+    # a clean chunk is one call
+    fake = _FakeNvjpeg()
+    found = [imgs for _, imgs, _ in decode_chunks(["x", "y"], [[0, 1]], fake)]
+    assert found == [["img:x", "img:y"]]
+    assert len(fake.calls) == 1
+
+
+def test_out_of_memory_and_cuda_errors_are_raised_not_sent_to_cpu():
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        list(decode_chunks(["a", "huge"], [[0, 1]], _FakeNvjpeg(fatal="huge")))
+    assert is_fatal(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert is_fatal(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    assert not is_fatal(RuntimeError("Error while decoding JPEG images: Failed to get image info"))
+
+
+# -- GpuDecoder, whole plan, with a CPU stand-in for nvJPEG ---------------------------------------
+
+def _cpu_backend(calls):
+    """Decodes like nvJPEG would (full size, RGB, CHW uint8); a call fails as a whole when one
+    item carries the marker (an image nvJPEG refuses but libjpeg-turbo takes)."""
+    import simplejpeg
+
+    def decode(items):
+        calls.append(len(items))
+        if any(t.numpy().tobytes().endswith(REFUSED) for t in items):
+            raise RuntimeError("Error while decoding JPEG images: Failed to decode batch: 6")
+        return [torch.from_numpy(simplejpeg.decode_jpeg(t.numpy().tobytes(), colorspace="RGB"))
+                .permute(2, 0, 1) for t in items]
+
+    return decode
+
+
+REFUSED = b"nvjpeg-refuses-this"
+
+
+def _bytes_batch(blobs):
+    offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in blobs], out=offsets[1:])
+    return torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8), offsets.tolist()
+
+
+def test_gpu_plan_matches_cpu_decode_and_routes_per_image():
+    blobs = [_photo(i, 300 + 40 * i, 240 + 30 * i) for i in range(6)]
+    blobs[2] = _photo(9, 200, 160, mode="CMYK")       # to the CPU by its header
+    blobs[4] = blobs[4] + REFUSED                     # the batched call fails on it
+    blobs += [_photo(10, 120, 90, fmt="PNG"), b"\xff\xd8 broken"]
+    data, offsets = _bytes_batch(blobs)
+    opts, calls, stats = CropOptions(size=48, seed=3), [], {}
+    dec = GpuDecoder(torch.device("cpu"), opts, on_error="skip", stats=stats,
+                     backend=_cpu_backend(calls))
+    ids = [100 + i for i in range(len(blobs))]
+    keys = [f"k{i}" for i in range(len(blobs))]
+    out, bad = dec(data, offsets, ids, keys, epoch=2, stream=None)
+    assert out.shape == (8, 48, 48, 3) and out.dtype == torch.uint8
+    # one batched call for the 5 JPEGs the GPU takes; it fails, so each goes alone once
+    assert calls == [5, 1, 1, 1, 1, 1]
+    # to the CPU: CMYK and PNG (routed), the refused one (failed), the broken one (no header)
+    assert stats["gpu_failed"] == 1 and stats["cpu_fallbacks"] == 4
+    assert bad == [7] and stats["bad"] == 1 and int(out[7].sum()) == 0
+    # the CPU path's crop and flip: 1-8 apart (DCT-scaled decode, another resize kernel); the
+    # crop of another epoch is 65-85 apart on these images
+    for i in (0, 1, 3, 4, 5, 2, 6):
+        ref = decode_image(blobs[i], opts, SampleRandom(3, 2, ids[i]))
+        diff = np.abs(out[i].numpy().astype(int) - ref.astype(int)).mean()
+        assert diff < 12, (i, diff)
+    other = dec(data, offsets, ids, keys, epoch=3, stream=None)[0]  # another epoch, other crops
+    assert (other[0].float() - out[0].float()).abs().mean() > 5
+
+
+def test_gpu_plan_names_the_bad_sample_by_default():
+    blobs = [_photo(0, 64, 48), b"\xff\xd8 broken"]
+    data, offsets = _bytes_batch(blobs)
+    dec = GpuDecoder(torch.device("cpu"), CropOptions(size=16), backend=_cpu_backend([]))
+    with pytest.raises(DecodeError, match=r"sample 'cls0/broken'.*GPU: JPEG header"):
+        dec(data, offsets, [0, 1], ["cls0/ok", "cls0/broken"], epoch=0, stream=None)
+
+
+# -- the epoch hand-off ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpuds")
+    src = make_tree(root / "src", {f"c{i % 2}/{i:02d}.jpg": _photo(i, 64, 48) for i in range(12)})
+    shardpack.pack(src, root / "ds", workers=1, max_samples=4)
+    return root / "ds"
+
+
+def test_batches_carry_the_epoch_the_workers_used(small_ds):
+    ds = ShardDataset(small_ds, batch_size=4, batched=True, decode=CpuDecode(16))
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    seen = []
+    for _ in range(2):  # no set_epoch: persistent workers move on by themselves
+        seen.append({int(e) for b in loader for e in b["__epoch__"]})
+    ds.set_epoch(7)
+    seen.append({int(e) for b in loader for e in b["__epoch__"]})
+    assert seen == [{0}, {1}, {7}]
+    assert batch_epoch({"__epoch__": torch.tensor([5, 5])}, 0) == 5
+    assert batch_epoch({}, 4) == 4
+
+
+# -- moving every kind of batch -------------------------------------------------------------------
+
+def test_lists_tuples_and_nested_batches_move_to_the_device():
+    from shardpack.device import _move  # noqa: PLC2701 - the module's own helper, under test
+
+    meta = torch.device("meta")
+    batch = ([torch.ones(2)], (torch.zeros(3), {"x": torch.ones(1)}),
+             BytesBatch(torch.ones(4, dtype=torch.uint8), torch.tensor([0, 4])), "text")
+    moved = _move(batch, meta)
+    assert moved[0][0].device == meta and moved[1][0].device == meta
+    assert moved[1][1]["x"].device == meta and moved[3] == "text"
+    assert isinstance(moved[2], BytesBatch) and moved[2].data.device == meta
+
+
+# -- one-line errors without CUDA -----------------------------------------------------------------
+
+@pytest.mark.skipif(not NO_CUDA, reason="a CUDA device exists")
+def test_cuda_asked_for_on_a_machine_without_it_is_one_line(small_ds):
+    for kwargs in (dict(device="cuda"), dict(device="cuda:0", decode="cpu"),
+                   dict(device="cuda", decode="gpu"), dict(device="cpu", decode="gpu")):
+        with pytest.raises(DeviceError, match="no(ne| CUDA device)") as info:
+            DeviceLoader([], **kwargs)
+        assert "\n" not in str(info.value)
+    for args in (["--decode", "gpu"], ["--decode", "gpu", "--device", "cuda"],
+                 ["--device", "cuda:1"]):
+        result = run_cli("bench", small_ds, *args, "-q", ok=None)
+        assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and "CUDA" in lines[0], result.output
