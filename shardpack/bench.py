@@ -102,7 +102,7 @@ def run(dataset: str | None, opts: BenchOptions, files: str | None = None,
     loader = make_loader(dataset, files, opts)
     device_loader = DeviceLoader(loader, device=opts.device,
                                  decode={"none": None}.get(opts.decode, opts.decode),
-                                 size=opts.size)
+                                 size=opts.size, on_error="skip")  # counted, as for CPU
     bar = None
     if progress:
         from tqdm import tqdm

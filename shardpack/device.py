@@ -41,13 +41,15 @@ class DeviceLoader:
             raise ValueError(f"decode must be None, 'cpu' or 'gpu', got {decode!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        cuda = torch.cuda.is_available()
+        asked = torch.device(device)
+        cuda = (asked.type == "cuda" or decode == "gpu") and torch.cuda.is_available()
         if decode == "gpu" and not cuda:
             raise DeviceError("decode='gpu' needs a CUDA device; this machine has none "
                               f"(torch {torch.__version__})", hint="use decode='cpu'")
-        self.device = resolve_device(device, cuda_available=cuda,
-                                     device_count=torch.cuda.device_count() if cuda else 0,
-                                     current=torch.cuda.current_device() if cuda else 0)
+        # CUDA is touched only for a CUDA device (a CPU loader in a forked child must not)
+        self.device = resolve_device(
+            asked, cuda_available=cuda, device_count=torch.cuda.device_count() if cuda else 0,
+            current=torch.cuda.current_device() if cuda and asked.index is None else 0)
         if decode == "gpu" and self.device.type != "cuda":
             raise ValueError(f"decode='gpu' needs a CUDA device, got device={device!r}; use "
                              "device='cuda' or decode='cpu'")
@@ -59,6 +61,8 @@ class DeviceLoader:
         self.normalize, self.dtype = normalize, dtype
         self.epoch = 0
         self.stats: dict = {}
+        self._stalls: _Stalls | None = None  # the running iteration's device-stall timer
+        self._last = 0.0                     # ... and when its wall time was last counted
         self.reset_stats()
         self._consumed = 0  # samples handed to the consumer this epoch (for state_dict)
         self._mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1)
@@ -70,8 +74,12 @@ class DeviceLoader:
         return len(self.loader)
 
     def reset_stats(self) -> None:
-        """Zero the counters (e.g. after a warm-up); they are updated at every batch."""
+        """Zero the counters (e.g. after a warm-up); they are updated at every batch.  Time and
+        device stalls from before the reset are not counted after it."""
         self.stats.update({name: 0.0 if name.endswith("_s") else 0 for name in STATS})
+        self._last = time.perf_counter()
+        if self._stalls is not None:
+            self._stalls.pending.clear()
 
     @property
     def wait_fraction(self) -> float:
@@ -79,7 +87,9 @@ class DeviceLoader:
         be ready, plus (CUDA) the time the consumer's stream stalled on the batch's copy and
         decode (timed with CUDA events).  Up to date after every batch."""
         wall = self.stats["wall_s"]
-        return (self.stats["wait_s"] + self.stats["device_wait_s"]) / wall if wall else 0.0
+        # an upper bound: a host wait and a stream stall can overlap
+        return min(1.0, (self.stats["wait_s"] + self.stats["device_wait_s"]) / wall) \
+            if wall else 0.0
 
     # -- state: counts what the consumer received, delegates to the dataset ---------------------
     def set_epoch(self, epoch: int) -> None:
@@ -110,8 +120,8 @@ class DeviceLoader:
 
         thread = threading.Thread(target=self._produce, args=(stream, ready, stop),
                                   name="shardpack-prefetch", daemon=True)
-        stalls = _Stalls(self.stats) if cuda else None
-        last = time.perf_counter()
+        stalls = self._stalls = _Stalls(self.stats) if cuda else None
+        self._last = time.perf_counter()
         thread.start()
         try:
             while True:
@@ -122,9 +132,9 @@ class DeviceLoader:
                     stalls.wait(current, event)
                     _record_stream(batch, current)
                 now = time.perf_counter()
-                self.stats["wait_s"] += now - t0
-                self.stats["wall_s"] += now - last
-                last = now
+                self.stats["wait_s"] += now - max(t0, self._last)
+                self.stats["wall_s"] += now - self._last
+                self._last = now
                 if isinstance(error, StopIteration):
                     return
                 if error is not None:
@@ -143,7 +153,8 @@ class DeviceLoader:
                     thread.join(0.05)
             if stalls is not None:
                 stalls.settle(wait=True)
-            self.stats["wall_s"] += time.perf_counter() - last
+            self.stats["wall_s"] += time.perf_counter() - self._last
+            self._stalls = None
 
     def _produce(self, stream, ready: queue.Queue, stop: threading.Event) -> None:
         """The producer thread: batches from the loader, moved (and decoded) on ``stream``."""
@@ -176,8 +187,10 @@ class DeviceLoader:
         if self.decode == "gpu":
             batch = dict(batch)
             items = image_batch(batch, self.field)
-            image, bad = self._gpu(items.data, items.offsets.tolist(), batch["__index__"].tolist(),
-                                   batch["__key__"], batch_epoch(batch, self.epoch), stream)
+            ids = batch["__index__"].tolist()
+            keys = batch.get("__key__") or [f"#{i}" for i in ids]  # errors name the sample
+            image, bad = self._gpu(items.data, items.offsets.tolist(), ids, keys,
+                                   batch_epoch(batch, self.epoch), stream)
             batch["image"] = image
             if bad or "__bad__" not in batch:
                 flags = torch.zeros(len(batch["__index__"]), dtype=torch.bool)

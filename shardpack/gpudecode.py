@@ -9,6 +9,7 @@ CUDA (docs/device.md, "GPU decode").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -74,10 +75,16 @@ def route(raw) -> Route:
         return Route(False, reason="not a JPEG")
     import simplejpeg
 
+    from .images import check_size
+
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(raw)
     except ValueError as exc:
         return Route(False, reason=f"JPEG header: {exc}")
+    try:
+        check_size(width, height)  # a decompression bomb: the CPU path says so, skippably
+    except DecodeError as exc:
+        return Route(False, height, width, reason=exc.message)
     if colorspace not in GPU_COLORSPACES:
         return Route(False, height, width, reason=f"{colorspace} JPEG")
     return Route(True, height, width)
@@ -102,15 +109,28 @@ def plan_chunks(sizes: Sequence[tuple[int, int]], budget: int = CHUNK_BYTES,
     return chunks
 
 
+# nvJPEG statuses that are the device's, not an image's: allocator failure (nvJPEG allocates
+# outside torch's caching allocator, so a full GPU shows up here), execution failed, internal error
+_NVJPEG_FATAL = (5, 6, 8)
+
+
 def is_fatal(exc: BaseException) -> bool:
-    """Errors that are the device's, not an image's: out of memory and CUDA errors are raised,
-    never turned into a CPU decode."""
+    """Errors that are the device's, not an image's: out of memory, CUDA errors (torch's text, or
+    torchvision's "Failed to synchronize CUDA stream: N") and nvJPEG's allocator, execution and
+    internal failures are raised, never turned into a CPU decode."""
     accel = getattr(torch, "AcceleratorError", None)
     if isinstance(exc, torch.cuda.OutOfMemoryError) or (accel and isinstance(exc, accel)):
         return True
     text = str(exc)
-    return any(s in text for s in ("out of memory", "CUDA error", "cudaError", "CUDA_ERROR",
-                                   "device-side assert"))
+    if any(s in text for s in ("out of memory", "CUDA error", "cudaError", "CUDA_ERROR",
+                               "device-side assert", "synchronize CUDA stream")):
+        return True
+    status = re.search(r"Failed to (?:decode batch|decode image|initialize|get image info)\D*"
+                       r"(\d+)\s*$", text)
+    return status is not None and int(status.group(1)) in _NVJPEG_FATAL
+
+
+SYSTEMIC = 4  # a chunk of this many images or more failing image by image is the device's fault
 
 
 def decode_chunks(encoded: Sequence, chunks: list[list[int]], decode: Callable[[list], list],
@@ -143,6 +163,10 @@ def decode_chunks(encoded: Sequence, chunks: list[list[int]], decode: Callable[[
                         if is_fatal(exc):
                             raise
                         failed[i] = _why(exc)
+                if len(chunk) >= SYSTEMIC and len(failed) == len(chunk):
+                    raise DeviceError(f"GPU JPEG decode failed for all {len(chunk)} images of a "
+                                      f"chunk, one by one too: {failed[chunk[0]]}",
+                                      hint="the device, not the images; use decode='cpu'") from None
         yield chunk, images, failed
 
 
@@ -248,8 +272,9 @@ def _nvjpeg(device: "torch.device") -> Callable[[list], list]:
     try:
         import torchvision
         import torchvision.io as tvio
-    except ImportError as exc:
-        raise DeviceError(f"decode='gpu' needs torchvision: {exc}",
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a torch it was not built for
+        raise DeviceError(f"decode='gpu' needs a torchvision that imports beside torch "
+                          f"{torch.__version__}: {_why(exc)}",
                           hint="pip install 'shardpack[gpu]' with the torchvision that matches "
                           "your torch") from None
     check_torchvision(torchvision.__version__)

@@ -135,6 +135,19 @@ def test_wait_accounting():
     assert dl.wait_fraction < 0.1, dl.stats
 
 
+def test_reset_stats_forgets_what_came_before():
+    dl = DeviceLoader(DataLoader(_Slow(8, 0.0), batch_size=None), device="cpu")
+    it = iter(dl)
+    next(it)
+    time.sleep(0.4)  # a warm-up pause: not counted after the reset
+    dl.reset_stats()
+    for _ in range(5):
+        next(it)
+        time.sleep(0.01)
+    assert dl.stats["batches"] == 5 and dl.stats["wall_s"] < 0.3, dl.stats
+    assert 0 <= dl.wait_fraction <= 1
+
+
 def test_device_loader_errors_reach_the_consumer():
     class Broken(IterableDataset):
         def __iter__(self):

@@ -69,6 +69,15 @@ def test_route_sends_cmyk_other_formats_and_bad_headers_to_cpu():
     assert not cmyk.gpu and "CMYK" in cmyk.reason
     png = route(np.frombuffer(_photo(3, 20, 10, fmt="PNG"), np.uint8))
     assert not png.gpu and png.reason == "not a JPEG"
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    try:  # over the decompression-bomb limit: the CPU path refuses it, skippably
+        Image.MAX_IMAGE_PIXELS = 100
+        big = route(np.frombuffer(_photo(4, 40, 30), np.uint8))
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    assert not big.gpu and "too large" in big.reason
     broken = route(np.frombuffer(b"\xff\xd8 not really", np.uint8))
     assert not broken.gpu and broken.reason.startswith("JPEG header")
 
@@ -102,7 +111,7 @@ class _FakeNvjpeg:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
         bad = [x for x in items if x.startswith("bad")]
         if bad:
-            raise RuntimeError(f"Error while decoding JPEG images: Failed to decode batch: 6 "
+            raise RuntimeError(f"Error while decoding JPEG images: Failed to get image info: 3 "
                                f"({bad[0]})")
         return [f"img:{x}" for x in items]
 
@@ -115,7 +124,7 @@ def test_a_failed_chunk_is_retried_image_by_image():
     decoded = [img for _, images, _ in out for img in images]
     assert decoded == ["img:a", "img:b", None, "img:c", "img:d", None, "img:e"]
     failed = {i: why for _, _, f in out for i, why in f.items()}
-    assert set(failed) == {2, 5} and "Failed to decode batch" in failed[2]
+    assert set(failed) == {2, 5} and "Failed to get image info: 3 (bad1)" in failed[2]
     # two batched calls, then one call per image of each failed chunk; synchronised before each
     assert len(fake.calls) == 2 + 7 and len(syncs) == len(fake.calls)
     # a clean chunk is one call
@@ -131,6 +140,21 @@ def test_out_of_memory_and_cuda_errors_are_raised_not_sent_to_cpu():
     assert is_fatal(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert is_fatal(torch.cuda.OutOfMemoryError("CUDA out of memory"))
     assert not is_fatal(RuntimeError("Error while decoding JPEG images: Failed to get image info"))
+    # torchvision's numeric forms: a CUDA error, and nvJPEG's allocator / execution / internal
+    # failures are the device's; a bad or unsupported JPEG (3, 4) is the image's
+    for text in ("Failed to synchronize CUDA stream: 700", "Failed to decode batch: 5",
+                 "Failed to decode image: 6", "Failed to get image info: 8"):
+        assert is_fatal(RuntimeError(f"Error while decoding JPEG images: {text}")), text
+    for text in ("Failed to get image info: 3", "Failed to decode batch: 4"):
+        assert not is_fatal(RuntimeError(f"Error while decoding JPEG images: {text}")), text
+
+
+def test_a_chunk_that_fails_image_by_image_too_is_the_devices_fault():
+    with pytest.raises(DeviceError, match="all 4 images of a chunk"):
+        list(decode_chunks(["bad1", "bad2", "bad3", "bad4"], [[0, 1, 2, 3]], _FakeNvjpeg()))
+    # three bad images in a small chunk are just bad images
+    out = list(decode_chunks(["bad1", "bad2", "bad3"], [[0, 1, 2]], _FakeNvjpeg()))
+    assert set(out[0][2]) == {0, 1, 2}
 
 
 # -- GpuDecoder, whole plan, with a CPU stand-in for nvJPEG ---------------------------------------
@@ -143,7 +167,7 @@ def _cpu_backend(calls):
     def decode(items):
         calls.append(len(items))
         if any(t.numpy().tobytes().endswith(REFUSED) for t in items):
-            raise RuntimeError("Error while decoding JPEG images: Failed to decode batch: 6")
+            raise RuntimeError("Error while decoding JPEG images: Failed to decode batch: 3")
         return [torch.from_numpy(simplejpeg.decode_jpeg(t.numpy().tobytes(), colorspace="RGB"))
                 .permute(2, 0, 1) for t in items]
 
