@@ -19,6 +19,7 @@ import os
 import random
 import time
 import uuid
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -31,6 +32,24 @@ from .errors import (CacheError, DatasetNotFoundError, IntegrityError, PackError
                      RemoteError, ShardpackError)
 
 TEMP_MARK = ".tmp-"
+
+# NOTE [async clients across fork]: fsspec's async filesystems (HTTP, S3) close their session from
+# a weakref finalizer that hands the close to the event-loop thread and waits for it, looking once
+# a second.  A forked DataLoader worker inherits the objects but not that thread, so when one dies
+# there (a dropped dataset still in a reference cycle, collected by the worker's first garbage
+# collection) the worker waits a full second before its first batch (docs/remote.md, "Cold
+# epochs").  A child therefore keeps every async filesystem it inherited alive: it never uses
+# them (Storage.fs makes a client per process) and DataLoader workers leave by os._exit, so no
+# finalizer runs there.  The parent closes its own as usual.
+_ASYNC_FS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # by id: fsspec
+_INHERITED: list = []                                                      # ones compare equal
+
+
+def _keep_inherited() -> None:
+    _INHERITED.extend(_ASYNC_FS.values())
+
+
+os.register_at_fork(after_in_child=_keep_inherited)
 
 
 def is_temp_name(name: str) -> bool:
@@ -99,6 +118,7 @@ class Storage:
             # connections that a proxy or NAT may have dropped silently while idle
             options["skip_instance_cache"] = True
         self._fs, root = fsspec.core.url_to_fs(self.url, **options)
+        self._keep(self._fs)
         self._pid = os.getpid()
         self.local = isinstance(self._fs, LocalFileSystem)
         self.root = root.rstrip("/") if root not in ("/", "") else root
@@ -128,8 +148,14 @@ class Storage:
             cls = type(self._fs)
             self._fs = cls(**self._options(), skip_instance_cache=True) if not self.local \
                 else self._fs
+            self._keep(self._fs)
             self._pid = os.getpid()
         return self._fs
+
+    @staticmethod
+    def _keep(fs) -> None:
+        if getattr(fs, "async_impl", False):
+            _ASYNC_FS[id(fs)] = fs  # NOTE [async clients across fork]
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -8,6 +8,9 @@ counts.
 - ``DelayProxy``:  a TCP proxy that delays every chunk by a fixed time in each direction (order
                    kept), counting connections and bytes. Fixture
                    ``delay_proxy(target_port, delay_s)``.
+- ``SpliceProxy``: a TCP proxy that holds each request chunk for a fixed time (the whole RTT) and
+                   moves responses with ``os.splice`` (zero-copy, no GIL): latency on a fast link,
+                   at little CPU. Fixture ``splice_proxy(target_port, delay_s)``.
 - ``FaultServer``: a small HTTP/1.1 server of our own with Range support that can be told to
                    misbehave (errors, resets, hangs, slow bodies, no Range). Fixture
                    ``fault_server(root_dir, **mode)``.
@@ -30,12 +33,16 @@ warns that the already imported module cannot be assert-rewritten.)
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import email.utils
+import fcntl
 import fnmatch
 import json
+import math
 import os
 import re
+import select
 import shutil
 import socket
 import struct
@@ -769,6 +776,342 @@ class DelayProxy(_AsyncServer):
 
 
 # --------------------------------------------------------------------------------------------------
+# Fast latency proxy (splice)
+# --------------------------------------------------------------------------------------------------
+
+_SPLICE_PIPE = 1 << 20       # pipe size asked for (the default pipe-max-size); 64 KiB if refused
+_SPLICE_HELD_MAX = 16 << 20  # request bytes held at most per connection before reading pauses
+
+
+class _SpliceConnection:
+    """One proxied connection: its two sockets, its two threads and how they ended."""
+
+    def __init__(self, client: socket.socket):
+        self.client = client
+        self.upstream: socket.socket | None = None
+        self.threads: list[threading.Thread] = []
+        self.done = 0          # directions finished (0, 1, 2); the 2nd closes the sockets
+        self.failed = False    # a reset or error on either side: both sides get a reset
+        self.closed = False
+
+    def shutdown(self, how: int) -> None:
+        for sock in (self.client, self.upstream):
+            if sock is not None:
+                try:
+                    sock.shutdown(how)
+                except OSError:
+                    pass
+
+
+class SpliceProxy:
+    """A TCP proxy on 127.0.0.1 that adds latency at little CPU cost, for a link faster than
+    DelayProxy can carry (one asyncio thread copying every byte, ~400 MB/s).
+
+    For each client connection it opens one connection to ``target_host:target_port``, with two
+    threads. Client to target (requests: small): every chunk is held ``delay_s`` after it arrived,
+    then forwarded (order kept, chunks pipelined). Since an HTTP/1.1 client sends one request at a
+    time per connection and waits for the answer, this puts the whole round trip on the request:
+    ``delay_s`` is the RTT, not a one-way delay as in DelayProxy. Target to client (responses:
+    large): moved at once with ``os.splice`` through a pipe (no copy into Python, the GIL released),
+    so no bandwidth limit and no delay, and little CPU. Linux only.
+
+    End of stream travels as a half-close (the other side's write end is shut down once what came
+    before it is delivered); a reset or error on either side resets both (SO_LINGER 0). Every
+    thread ends and every descriptor is closed when both directions have ended, and ``stop()`` ends
+    all connections still open and joins their threads. ``delay_s`` may be changed at any time;
+    it applies to chunks received from then on.
+
+    Counters: ``connections`` (accepted so far), ``active`` (open now), ``bytes_up`` (client to
+    target) and ``bytes_down`` (target to client), counted when delivered."""
+
+    name = "splice-proxy"
+
+    def __init__(self, target_port: int, delay_s: float, *, target_host: str = LOCALHOST):
+        if not hasattr(os, "splice"):
+            raise ServerStartError("SpliceProxy needs os.splice (Linux, Python >= 3.10)",
+                                   exited=True)
+        self.target_host = target_host
+        self.target_port = target_port
+        self.delay_s = delay_s
+        self.host = LOCALHOST
+        self.port: int | None = None
+        self.connections = 0
+        self.active = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.errors: list[str] = []  # unexpected exceptions in the proxy's threads (not resets)
+        self._lock = threading.Lock()
+        self._conns: set[_SpliceConnection] = set()
+        self._threads: list[threading.Thread] = []  # connection threads, pruned as they end
+        self._listener: socket.socket | None = None
+        self._wake: tuple[int, int] | None = None
+        self._accept_thread: threading.Thread | None = None
+        self._closing = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def url_for(self, path: str) -> str:
+        return f"{self.url}/{quote(_norm_path(path))}"
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self.connections = self.bytes_up = self.bytes_down = 0
+
+    # -- life cycle --------------------------------------------------------------------------------
+
+    def start(self) -> "SpliceProxy":
+        if self._accept_thread is not None:
+            return self
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.bind((LOCALHOST, 0))
+            listener.listen(1024)
+            listener.setblocking(False)
+        except OSError as exc:
+            listener.close()
+            raise ServerStartError(f"{self.name} cannot listen: {exc}", exited=True) from exc
+        self._listener = listener
+        self._wake = os.pipe()
+        self._closing = False
+        self.port = listener.getsockname()[1]
+        self._accept_thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                               name=f"{self.name}-accept")
+        self._accept_thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, end every open connection (both sides are shut down, then closed with
+        a reset) and join every thread."""
+        if self._accept_thread is None:
+            return
+        self._closing = True
+        os.write(self._wake[1], b"x")
+        self._accept_thread.join(timeout)
+        self._accept_thread = None
+        self._listener.close()
+        for fd in self._wake:
+            os.close(fd)
+        self._wake = None
+        with self._lock:
+            conns = list(self._conns)
+            for conn in conns:
+                conn.failed = True
+                conn.shutdown(socket.SHUT_RDWR)  # wakes every read and write in its threads
+        # Every thread, also those of connections that have just closed (a thread outlives its
+        # connection's bookkeeping by a moment), and a 2nd one a connecting thread may start now.
+        deadline = time.monotonic() + timeout
+        for _ in range(2):
+            with self._lock:
+                threads = list(self._threads)
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            alive = [t.name for t in self._threads if t.is_alive()]
+            self._threads = []
+        if alive:
+            raise RuntimeError(f"{self.name}: threads still running after stop(): {alive}")
+
+    def __enter__(self) -> "SpliceProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- threads -----------------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        poller = select.poll()
+        poller.register(self._listener.fileno(), select.POLLIN)
+        poller.register(self._wake[0], select.POLLIN)
+        while not self._closing:
+            if any(fd == self._wake[0] for fd, _ in poller.poll()):
+                return
+            try:
+                client, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                continue
+            except OSError as exc:  # e.g. out of descriptors: note it, keep serving
+                self.errors.append(f"accept: {exc}")
+                time.sleep(0.01)
+                continue
+            client.setblocking(True)
+            conn = _SpliceConnection(client)
+            with self._lock:
+                if self._closing:
+                    _close_with_reset(client)
+                    return
+                self.connections += 1
+                self.active += 1
+                self._conns.add(conn)
+                thread = threading.Thread(target=self._down, args=(conn,), daemon=True,
+                                          name=f"{self.name}-down")
+                self._start_thread(conn, thread)
+
+    def _start_thread(self, conn: _SpliceConnection, thread: threading.Thread) -> None:
+        """Under the lock: start a connection's thread and record it (forgetting those that have
+        ended), so that stop() can join every one."""
+        self._threads = [t for t in self._threads if t.is_alive()]
+        thread.start()
+        conn.threads.append(thread)
+        self._threads.append(thread)
+
+    def _finish(self, conn: _SpliceConnection, ok: bool) -> None:
+        """One direction ended (``ok``: with an orderly end of stream). After a failure, wake the
+        other direction (SHUT_RD: nothing goes to the peers yet); the 2nd to end closes both
+        sockets, with a reset if anything failed."""
+        if not ok:
+            conn.failed = True
+            conn.shutdown(socket.SHUT_RD)
+        with self._lock:
+            conn.done += 1
+            last = conn.done == 2 or (conn.done == 1 and len(conn.threads) == 1
+                                      and conn.upstream is None)
+            if last:
+                conn.closed = True
+                self._conns.discard(conn)
+                self.active -= 1
+        if last:
+            for sock in (conn.client, conn.upstream):
+                if sock is None:
+                    continue
+                if conn.failed:
+                    _close_with_reset(sock)
+                else:
+                    sock.close()
+
+    def _count(self, direction: str, n: int) -> None:
+        with self._lock:
+            if direction == "up":
+                self.bytes_up += n
+            else:
+                self.bytes_down += n
+
+    def _down(self, conn: _SpliceConnection) -> None:
+        """Connect to the target, start the request direction, then move the responses."""
+        try:
+            upstream = socket.create_connection((self.target_host, self.target_port), timeout=10)
+        except OSError:
+            conn.failed = True  # target down: the client sees a reset
+            self._finish(conn, False)
+            return
+        self._start_up(conn, upstream)
+        ok = False
+        try:
+            ok = self._splice_down(conn, upstream)
+        finally:
+            self._finish(conn, ok and not conn.failed)
+
+    def _start_up(self, conn: _SpliceConnection, upstream: socket.socket) -> None:
+        upstream.setblocking(True)
+        for sock in (conn.client, upstream):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        with self._lock:
+            conn.upstream = upstream
+            if self._closing:  # stop() ran while we connected: it did not see this socket
+                conn.failed = True
+            up = threading.Thread(target=self._up, args=(conn,), daemon=True,
+                                  name=f"{self.name}-up")
+            self._start_thread(conn, up)
+        if conn.failed:
+            conn.shutdown(socket.SHUT_RDWR)
+
+    def _splice_down(self, conn: _SpliceConnection, upstream: socket.socket) -> bool:
+        """Target to client through a pipe until the target's end of stream (passed on as a
+        half-close: True) or a failure (False)."""
+        ok = False
+        read_end = write_end = None
+        try:
+            read_end, write_end = os.pipe()
+            try:
+                fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _SPLICE_PIPE)
+            except OSError:
+                pass  # over the user's pipe quota: the default 64 KiB pipe works too
+            size = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
+            src, dst = upstream.fileno(), conn.client.fileno()
+            while True:
+                n = os.splice(src, write_end, size, flags=os.SPLICE_F_MOVE)
+                if n == 0:
+                    break
+                left = n
+                while left:
+                    moved = os.splice(read_end, dst, left, flags=os.SPLICE_F_MOVE)
+                    if moved == 0:
+                        raise ConnectionResetError("client socket closed")
+                    left -= moved
+                self._count("down", n)
+            if not conn.failed:  # a plain end of stream from the target: pass the half-close on
+                conn.client.shutdown(socket.SHUT_WR)
+                ok = True
+        except OSError as exc:  # reset, broken pipe, woken by stop(); or no pipe to be had
+            if read_end is None:
+                self.errors.append(f"down: pipe: {exc}")
+        except Exception as exc:
+            self.errors.append(f"down: {type(exc).__name__}: {exc}")
+        finally:
+            for fd in (read_end, write_end):
+                if fd is not None:
+                    os.close(fd)
+        return ok
+
+    def _up(self, conn: _SpliceConnection) -> None:
+        """Client to target: each chunk is sent ``delay_s`` after it arrived, in order."""
+        held: collections.deque = collections.deque()  # (due time, bytes)
+        held_bytes = 0
+        eof = ok = False
+        client, upstream = conn.client, conn.upstream
+        poller = select.poll()
+        poller.register(client.fileno(), select.POLLIN)
+        try:
+            while not conn.failed:
+                now = time.monotonic()
+                while held and held[0][0] <= now:
+                    data = held.popleft()[1]
+                    held_bytes -= len(data)
+                    upstream.sendall(data)
+                    self._count("up", len(data))
+                if eof and not held:
+                    upstream.shutdown(socket.SHUT_WR)
+                    ok = True
+                    break
+                wait = held[0][0] - now if held else None
+                if eof or held_bytes >= _SPLICE_HELD_MAX:
+                    time.sleep(wait)
+                    continue
+                if not poller.poll(None if wait is None else math.ceil(wait * 1000)):
+                    continue
+                data = client.recv(_SPLICE_CHUNK)
+                if not data:
+                    eof = True
+                    continue
+                held.append((time.monotonic() + self.delay_s, data))
+                held_bytes += len(data)
+        except OSError:
+            pass  # reset, broken pipe, or woken by stop()
+        except Exception as exc:
+            self.errors.append(f"up: {type(exc).__name__}: {exc}")
+        finally:
+            self._finish(conn, ok and not conn.failed)
+
+
+_SPLICE_CHUNK = 256 * 1024
+
+
+def _close_with_reset(sock: socket.socket) -> None:
+    """Close a socket with a TCP RST (SO_LINGER 0) instead of an orderly FIN."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
+
+
+
+# --------------------------------------------------------------------------------------------------
 # Fault server
 # --------------------------------------------------------------------------------------------------
 
@@ -1117,6 +1460,21 @@ def delay_proxy():
 
     def start(target_port: int, delay_s: float, **kwargs) -> DelayProxy:
         proxy = DelayProxy(target_port, delay_s, **kwargs).start()
+        started.append(proxy)
+        return proxy
+
+    yield start
+    _stop_all(started)
+
+
+@pytest.fixture
+def splice_proxy():
+    """Factory: ``splice_proxy(target_port, delay_s, target_host="127.0.0.1") -> SpliceProxy``,
+    started; stopped after the test."""
+    started: list[SpliceProxy] = []
+
+    def start(target_port: int, delay_s: float, **kwargs) -> SpliceProxy:
+        proxy = SpliceProxy(target_port, delay_s, **kwargs).start()
         started.append(proxy)
         return proxy
 
