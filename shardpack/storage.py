@@ -35,18 +35,23 @@ TEMP_MARK = ".tmp-"
 
 # NOTE [async clients across fork]: fsspec's async filesystems (HTTP, S3) close their session from
 # a weakref finalizer that hands the close to the event-loop thread and waits for it, looking once
-# a second.  A forked DataLoader worker inherits the objects but not that thread, so when one dies
-# there (a dropped dataset still in a reference cycle, collected by the worker's first garbage
-# collection) the worker waits a full second before its first batch (docs/remote.md, "Cold
-# epochs").  A child therefore keeps every async filesystem it inherited alive: it never uses
-# them (Storage.fs makes a client per process) and DataLoader workers leave by os._exit, so no
-# finalizer runs there.  The parent closes its own as usual.
+# a second.  A forked DataLoader worker inherits the clients but not that thread.  Each client is
+# in a reference cycle with itself (its sync methods are bound to it), so one that dies is freed
+# by a garbage collection, and in a worker that was the first collection: for the client
+# Storage.fs replaces with a process-local one, and for any dropped dataset the parent had not
+# collected yet.  The worker then waited a full second per client before its first batch, and the
+# close went through the epoll instance it shares with the parent (docs/remote.md, "Cold epochs
+# on a fast link").  A child therefore keeps every async client it inherited alive, never using
+# it.  DataLoader and multiprocessing workers leave by os._exit, so no finalizer runs there; a
+# plain os.fork() child that exits normally still runs fsspec's finalizers at exit (fsspec's
+# behaviour, not changed here).  The cost: the inherited sockets stay open in the worker until it
+# exits.  The parent closes its own clients as usual.
 _ASYNC_FS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # by id: fsspec
-_INHERITED: list = []                                                      # ones compare equal
+_INHERITED: dict = {}                                                      # ones compare equal
 
 
 def _keep_inherited() -> None:
-    _INHERITED.extend(_ASYNC_FS.values())
+    _INHERITED.update(_ASYNC_FS.items())
 
 
 os.register_at_fork(after_in_child=_keep_inherited)

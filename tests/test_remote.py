@@ -538,39 +538,64 @@ def test_s3_download_is_one_stream(s3_server, local_ds, tmp_path):
     assert s3_server.requests_for(f"{bucket}/ds/{name}", "GET") == before + 1
 
 
-@pytest.mark.parametrize("kind", ["http", "s3"])
-def test_a_dropped_remote_dataset_does_not_stall_forked_workers(kind, local_ds, tmp_path, request):
-    """fsspec closes an async client's session from a finalizer that waits for the event-loop
-    thread; a forked worker has no such thread, so a dropped dataset collected there stalled the
-    worker 1 s before its first batch (NOTE [async clients across fork] in storage.py).  The
-    child must not collect the client it inherited: its finalizer never runs there."""
-    import gc
-    import weakref
-
+def _remote(kind, local_ds, request):
     if kind == "s3":
         server = request.getfixturevalue("s3_server")
         bucket = server.create_bucket()
         server.upload_dir(local_ds, bucket, "ds")
-        url, options = f"s3://{bucket}/ds", server.storage_options
-    else:
-        url, options = request.getfixturevalue("http_server")(local_ds).url, None
+        return f"s3://{bucket}/ds", server.storage_options
+    return request.getfixturevalue("http_server")(local_ds).url, None
+
+
+def _in_child(fn) -> str:
+    """Run ``fn`` in a forked child (as a DataLoader worker runs); its returned text."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, fn().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        return os.read(read, 256).decode()
+    finally:
+        os.waitpid(pid, 0)
+        os.close(read)
+
+
+@pytest.mark.parametrize("kind", ["http", "s3"])
+@pytest.mark.parametrize("dropped", [True, False])
+def test_forked_workers_never_collect_inherited_clients(kind, dropped, local_ds, tmp_path,
+                                                        request):
+    """fsspec closes an async client's session from a finalizer that waits for the event-loop
+    thread; a forked worker has no such thread, so an inherited client collected there stalled
+    the worker 1 s before its first batch (NOTE [async clients across fork] in storage.py): a
+    dropped dataset the parent had not collected yet, or the client Storage.fs replaces with the
+    worker's own.  The child must keep both alive; the parent frees a dropped one as usual."""
+    import gc
+    import weakref
+
+    url, options = _remote(kind, local_ds, request)
     ds = ShardDataset(url, cache_dir=tmp_path / "cache", storage_options=options)
     assert sum(1 for _ in ds) == N  # its client has a live session now
     client = weakref.ref(ds.reader.storage.fs)
-    cycle = [ds]
-    cycle.append(cycle)
-    del ds, cycle  # garbage in a cycle: the next collection, wherever it runs, finds it
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # as a DataLoader worker: its first collection finds the dropped dataset
-        start = time.monotonic()
-        gc.collect()
-        os.write(write, f"{client() is not None} {time.monotonic() - start:.3f}".encode())
-        os._exit(0)
-    os.close(write)
-    kept, took = os.read(read, 64).decode().split()
-    os.waitpid(pid, 0)
-    os.close(read)
-    assert kept == "True", f"the child collected the inherited client ({took} s)"
-    gc.collect()  # in the parent it goes, and its session closes as usual
-    assert client() is None
+    if dropped:
+        cycle = [ds]
+        cycle.append(cycle)
+        del ds, cycle  # garbage in a cycle: the next collection, wherever it runs, finds it
+
+        def child():
+            gc.collect()
+            return str(client() is not None)
+    else:
+        def child():
+            own = ds.reader.storage.fs  # the worker's own client replaces the inherited one
+            gc.collect()
+            return str(client() is not None and own is not client())
+    assert _in_child(child) == "True", "the child collected an inherited client"
+    if dropped:
+        gc.collect()  # in the parent it goes, and its session closes as usual
+        assert client() is None
+    else:
+        assert sum(1 for _ in ds) == N  # the parent's own client still works
