@@ -1,5 +1,6 @@
-"""The example training script under torchrun (2 gloo processes on CPU): killed mid-epoch,
-resumed, and every sample of each epoch seen exactly once across the interruption."""
+"""The example training script: under torchrun (2 gloo processes on CPU) killed mid-epoch,
+resumed, and every sample of each epoch seen exactly once across the interruption; killed in the
+middle of a checkpoint write; and its asynchronous save writes the state of its own step."""
 
 import json
 import os
@@ -28,7 +29,8 @@ def _cmd(ds, out):
             "--master_addr", "127.0.0.1", "--master_port", str(_port()),
             str(ROOT / "tools" / "train_example.py"), str(ds), "--out", str(out),
             "--epochs", "2", "--batch-size", "4", "--size", "32", "--workers", "1",
-            "--checkpoint-every", "3", "--log-seen", "--step-sleep", "0.15"]
+            "--save-every-steps", "3", "--save-every-s", "1", "--log-seen",
+            "--step-sleep", "0.15"]
 
 
 def _steps(out: Path) -> int:
@@ -101,3 +103,119 @@ def test_train_example_kill_and_resume(tmp_path):
                 if record["epoch"] == epoch:
                     seen += record["ids"]
         assert sorted(seen) == list(range(101)), f"epoch {epoch}: not exactly once"
+
+
+@pytest.fixture(scope="module")
+def tiny_ds(tmp_path_factory):
+    import importlib.util
+
+    root = tmp_path_factory.mktemp("train")
+    spec = importlib.util.spec_from_file_location("make_images", ROOT / "tools" / "make_images.py")
+    make_images = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_images)
+    make_images.make_images(root / "img", 40, classes=3, workers=1, tiny=True)
+    shardpack.pack(root / "img", root / "ds", max_samples=12, workers=1)
+    return root / "ds"
+
+
+def _single(ds, out, *extra):
+    return [sys.executable, str(ROOT / "tools" / "train_example.py"), str(ds), "--out", str(out),
+            "--batch-size", "4", "--size", "32", "--workers", "1", *map(str, extra)]
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    return sorted(out.glob("checkpoint-*.pt"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tiny_ds, tmp_path):
+    """SIGKILL while the background thread is half-way through a write: the checkpoints before it
+    are whole, the half-written one never got its name, and the resumed run sees every sample of
+    each epoch exactly once."""
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = _single(tiny_ds, out, "--epochs", "2", "--save-every-steps", "3", "--log-seen",
+                  "--async-save", "--keep", "5")
+    proc = subprocess.Popen([*cmd, "--write-delay", "30"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    deadline = time.time() + 120  # the first write is held 30 s: wait until it is under way
+    while time.time() < deadline and not list(out.glob("checkpoint-*.tmp")):
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        time.sleep(0.05)
+    _kill_tree(proc)
+    proc.wait()
+    assert list(out.glob("checkpoint-*.tmp")) and not _checkpoints(out)  # killed mid-write
+    # again, with a quick disk, killed once two checkpoints are written (the next one may be on
+    # its way); the killed write's temp file was removed at start
+    proc = subprocess.Popen([*cmd, "--write-delay", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    while time.time() < deadline + 60 and len(_checkpoints(out)) < 2:
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        time.sleep(0.02)
+    _kill_tree(proc)
+    proc.wait()
+    kept = _checkpoints(out)
+    assert len(kept) >= 2
+    import torch
+
+    for path in kept:  # every file with a final name is whole
+        assert torch.load(path, weights_only=True)["step"] == int(path.stem.split("-")[1])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "resumed at epoch" in done.stdout
+    for epoch in (0, 1):
+        seen = [i for line in (out / "seen-rank0.jsonl").read_text().splitlines()
+                for i in json.loads(line)["ids"] if json.loads(line)["epoch"] == epoch]
+        assert sorted(seen) == list(range(40)), f"epoch {epoch}: not exactly once"
+
+
+@pytest.mark.timeout(300)
+def test_async_save_writes_the_state_of_its_step(tiny_ds, tmp_path):
+    """The background write is held 1 s while training changes the weights: the file must still
+    equal a synchronous save of the same step."""
+    import torch
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    runs = {}
+    for mode, extra in (("sync", []), ("async", ["--async-save", "--write-delay", "1"])):
+        out = tmp_path / mode
+        done = subprocess.run(_single(tiny_ds, out, "--epochs", "1", "--optimizer", "adam",
+                                      "--save-every-steps", "3", "--max-steps", "7",
+                                      "--keep", "5", *extra),
+                              capture_output=True, text=True, timeout=200, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        runs[mode] = {p.name: torch.load(p, weights_only=True) for p in _checkpoints(out)}
+    assert sorted(runs["sync"]) == sorted(runs["async"]) == [
+        "checkpoint-000000003.pt", "checkpoint-000000006.pt", "checkpoint-000000007.pt"]
+    for name, sync in runs["sync"].items():
+        got = runs["async"][name]
+        assert got["step"] == sync["step"] and got["loader"] == sync["loader"]
+        for key, value in sync["model"].items():
+            assert torch.equal(got["model"][key], value), (name, key)
+        for pid, st in sync["optimizer"]["state"].items():
+            for key, value in st.items():
+                assert torch.equal(got["optimizer"]["state"][pid][key], value), (name, pid, key)
+    first, later = (runs["sync"][n]["model"] for n in ("checkpoint-000000003.pt",
+                                                        "checkpoint-000000006.pt"))
+    assert any(not torch.equal(first[k], later[k]) for k in first)  # training moved on
+
+
+def test_save_by_time(tiny_ds, tmp_path):
+    """--save-every-s alone: steps of ~0.15 s and a save every 0.4 s give a checkpoint every
+    2-4 steps (by wall time, not by step count), plus the one after the last step."""
+    import torch
+
+    out = tmp_path / "run"
+    done = subprocess.run(_single(tiny_ds, out, "--epochs", "1", "--save-every-steps", "0",
+                                  "--save-every-s", "0.4", "--step-sleep", "0.15",
+                                  "--max-steps", "9", "--keep", "20"),
+                          capture_output=True, text=True, timeout=200,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = [torch.load(p, weights_only=True)["step"] for p in _checkpoints(out)]
+    assert steps[-1] == 9 and 3 <= len(steps) <= 9, steps
+    gaps = [b - a for a, b in zip(steps[:-2], steps[1:-1], strict=True)]
+    # by time: never more than 0.4 s apart (4 steps of 0.15 s), and not at every step unless
+    # every step took over 0.4 s (a heavily loaded machine)
+    assert all(1 <= g <= 4 for g in gaps) and max(gaps) >= 2, steps

@@ -8,13 +8,21 @@
 It resumes by itself: run the same command again after a crash or kill, and it continues from the
 last checkpoint, mid-epoch, with every sample of the epoch seen exactly once across the
 interruption (the loader's state is part of the checkpoint).
+
+Checkpoints (docs/device.md, "Checkpoints that don't stall training"): every --save-every-steps
+steps and/or --save-every-s seconds, written atomically (temp file, fsync, rename) as
+OUT/checkpoint-STEP.pt, the last --keep kept.  With --async-save the state is copied to CPU memory
+at a step boundary (pinned on CUDA) and written by a background thread while training goes on;
+the next save first waits for the previous one.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import threading
 import time
 
 import torch
@@ -32,7 +40,16 @@ def small_cnn(classes: int) -> nn.Module:
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
 
 
+def wide_mlp(classes: int) -> nn.Module:
+    """The small CNN with a wide head: 50.5M parameters (~202 MB), so a checkpoint with Adam's
+    state is ~600 MB, as for a real model (the checkpoint measurements use it)."""
+    return nn.Sequential(*small_cnn(4096)[:-1], nn.Linear(32, 4096), nn.ReLU(),
+                         nn.Linear(4096, 12288), nn.ReLU(), nn.Linear(12288, classes))
+
+
 def build_model(name: str, classes: int) -> nn.Module:
+    if name == "wide":
+        return wide_mlp(classes)
     if name == "resnet50":
         import torchvision  # only where torchvision is installed (GPU machines)
 
@@ -49,13 +66,25 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--decode", choices=["cpu", "gpu"], default="cpu")
-    p.add_argument("--model", choices=["small", "resnet50"], default="small")
+    p.add_argument("--model", choices=["small", "wide", "resnet50"], default="small")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--checkpoint-every", type=int, default=20, help="steps")
+    p.add_argument("--seed", type=int, default=0, help="model initialisation")
+    p.add_argument("--save-every-steps", type=int, default=20, help="0: not by steps")
+    p.add_argument("--save-every-s", type=float, default=0.0,
+                   help="also save when this many seconds passed since the last save (0: off)")
+    p.add_argument("--keep", type=int, default=2, help="checkpoints kept (the newest)")
+    p.add_argument("--async-save", action="store_true",
+                   help="snapshot to CPU memory, write in a background thread")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many (0: epochs)")
+    p.add_argument("--stats-json", default=None, help="write step and save timings here")
     p.add_argument("--log-seen", action="store_true",
                    help="record each step's sample ids in OUT/seen-rankR.jsonl (used by tests)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds (tests: slow down)")
+    p.add_argument("--write-delay", type=float, default=0.0,
+                   help="seconds a checkpoint write pauses half-way (tests: a slow disk)")
     args = p.parse_args()
+    torch.manual_seed(args.seed)
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     cuda = torch.cuda.is_available()
@@ -81,14 +110,17 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
         model = model.to(memory_format=torch.channels_last)
     if distributed:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9) \
+        if args.optimizer == "sgd" else torch.optim.Adam(model.parameters(), lr=args.lr)
+    raw = model.module if distributed else model
 
-    os.makedirs(args.out, exist_ok=True)
-    ckpt = os.path.join(args.out, "checkpoint.pt")
+    saver = Checkpointer(args.out, keep=args.keep, every_steps=args.save_every_steps,
+                         every_s=args.save_every_s, async_save=args.async_save, device=device,
+                         rank=rank, distributed=distributed, write_delay=args.write_delay)
     epoch, step, resumed = 0, 0, False
-    if os.path.exists(ckpt):
-        state = torch.load(ckpt, map_location=device, weights_only=True)
-        (model.module if distributed else model).load_state_dict(state["model"])
+    state = saver.latest(device)
+    if state is not None:
+        raw.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         epoch, step = state["epoch"], state["step"]
         if state["loader"] is not None:  # saved mid-epoch: continue exactly where it stopped
@@ -99,7 +131,14 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
     seen_log = _seen_log(args, rank, step) if args.log_seen else None
 
     loss_fn = nn.CrossEntropyLoss(reduction="none")
-    while epoch < args.epochs:
+    step_times: list[float] = []
+    last = time.perf_counter()
+
+    def snapshot(loader_state):  # what a checkpoint holds; the loader's state of this step
+        return {"model": raw.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
+                "step": step, "loader": loader_state}
+
+    while epoch < args.epochs and not (args.max_steps and step >= args.max_steps):
         if not resumed:
             loader.set_epoch(epoch)
         resumed = False
@@ -119,33 +158,176 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
                 seen_log.flush()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-            if step % args.checkpoint_every == 0:
-                _checkpoint(ckpt, model, opt, epoch, step, loader.state_dict(), rank, distributed)
+            if saver.due(step):
+                saver.save(step, lambda: snapshot(loader.state_dict()))
+            now = time.perf_counter()
+            step_times.append(now - last)  # the step, its save's stall included
+            last = now
+            if args.max_steps and step >= args.max_steps:
+                break
             if rank == 0 and step % 10 == 0:
                 rate = samples * world / (time.perf_counter() - start)
                 print(f"epoch {epoch} step {step} loss {loss.item():.3f} {rate:,.0f} samples/s "
                       f"waiting {100 * loader.wait_fraction:.1f}%", flush=True)
-        epoch += 1
-        _checkpoint(ckpt, model, opt, epoch, step, None, rank, distributed)
+        else:  # the epoch ran to its end: the next one starts fresh (loader state None)
+            epoch += 1
+            saver.save(step, lambda: snapshot(None))
+            last = time.perf_counter()
+            continue
+        if args.max_steps and step >= args.max_steps:  # stopped mid-epoch: resumable there
+            if saver.saved_step != step:
+                saver.save(step, lambda: snapshot(loader.state_dict()))
+            break
+    saver.wait()  # the last write is on disk before the process ends
     if rank == 0:
-        print(f"done: {step} steps, data wait {100 * loader.wait_fraction:.1f}% of loop time",
-              flush=True)
+        print(f"done: {step} steps, data wait {100 * loader.wait_fraction:.1f}% of loop time; "
+              f"{saver.summary()}", flush=True)
+        if args.stats_json:
+            with open(args.stats_json, "w") as f:
+                json.dump({"steps": step_times, **saver.stats}, f)
     if distributed:
         dist.destroy_process_group()
 
 
-def _checkpoint(path, model, opt, epoch, step, loader_state, rank, distributed) -> None:
-    """Rank 0 writes model, optimizer and loader state in one file, atomically (temp + rename).
-    Every rank consumed the same number of samples, so one loader state serves the whole job;
-    ``loader_state=None`` means the epoch ``epoch`` starts fresh."""
-    if rank == 0:
-        raw = model.module if distributed else model
-        tmp = f"{path}.{os.getpid()}.tmp"
-        torch.save({"model": raw.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch,
-                    "step": step, "loader": loader_state}, tmp)
-        os.replace(tmp, path)
-    if distributed:
-        dist.barrier()
+class Checkpointer:
+    """Atomic checkpoints, optionally written in the background.
+
+    NOTE [async save]: at a step boundary ``save`` first waits for the previous write, then
+    copies every tensor of the state into CPU buffers of its own (pinned on CUDA, reused from
+    save to save), and hands that copy to a thread, which writes a temp file, fsyncs it and
+    renames it to checkpoint-STEP.pt (then fsyncs the folder and removes all but the newest
+    ``keep``).  Training changes the live weights meanwhile; the copy is what gets written, so
+    the file holds exactly the state of its step.  The training loop stalls only for the wait and
+    the copy.  Only rank 0 writes: DDP replicas are equal, and every rank consumed the same number
+    of samples, so one loader state serves the whole job.  A kill at any moment leaves the
+    previous checkpoints whole: a file only gets its final name once it is complete on disk.
+    Why not torch.distributed.checkpoint.async_save: docs/device.md."""
+
+    def __init__(self, folder, *, keep, every_steps, every_s, async_save, device, rank,
+                 distributed, write_delay=0.0):
+        self.folder, self.keep = folder, max(1, keep)
+        self.every_steps, self.every_s = every_steps, every_s
+        self.async_save, self.device, self.rank = async_save, device, rank
+        self.distributed, self.write_delay = distributed, write_delay
+        self.stats = {"stall_s": [], "write_s": []}
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._buffers: dict = {}
+        self._last_save = time.monotonic()
+        self.saved_step = -1
+        # the time trigger must fire at the same step on every rank: agreed over a CPU group
+        self._group = dist.new_group(backend="gloo") if distributed and every_s else None
+        os.makedirs(folder, exist_ok=True)
+        if rank == 0:  # what a killed write left behind: never a checkpoint, only its temp file
+            for stale in glob.glob(os.path.join(folder, "checkpoint-*.tmp")):
+                os.unlink(stale)
+
+    # -- when ---------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        if self.every_steps and step % self.every_steps == 0:
+            return True
+        if not self.every_s:
+            return False
+        late = torch.tensor([float(time.monotonic() - self._last_save >= self.every_s)])
+        if self._group is not None:
+            dist.all_reduce(late, op=dist.ReduceOp.MAX, group=self._group)
+        return bool(late.item())
+
+    # -- saving -------------------------------------------------------------------------------
+    def save(self, step: int, state_fn) -> None:
+        start = time.perf_counter()
+        self.saved_step = step
+        self._last_save = time.monotonic()
+        self.wait()
+        if self.rank == 0:
+            state = state_fn()
+            if self.async_save:
+                state = self._copy(state, "")
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # the copies have landed
+                self._thread = threading.Thread(target=self._write_logged, args=(state, step),
+                                                name="checkpoint-writer", daemon=False)
+                self._thread.start()
+            else:
+                self._write(state, step)
+        self.stats["stall_s"].append(time.perf_counter() - start)
+
+    def wait(self) -> None:
+        """Until the previous write is on disk; its error, if any, is raised here."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing a checkpoint failed: {error}") from error
+
+    def _copy(self, value, path: str):
+        """The state with every tensor copied into this checkpointer's own CPU buffers."""
+        if isinstance(value, torch.Tensor):
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+                buf = self._buffers[path] = torch.empty(
+                    value.shape, dtype=value.dtype, device="cpu",
+                    pin_memory=self.device.type == "cuda")
+            return buf.copy_(value.detach(), non_blocking=self.device.type == "cuda")
+        if isinstance(value, dict):
+            return {k: self._copy(v, f"{path}/{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._copy(v, f"{path}/{i}") for i, v in enumerate(value))
+        return value  # ints, floats, strings: immutable
+
+    def _write_logged(self, state, step: int) -> None:
+        try:
+            self._write(state, step)
+        except BaseException as exc:  # reported by the next wait(), in the training loop
+            self._error = exc
+
+    def _write(self, state, step: int) -> None:
+        start = time.perf_counter()
+        final = os.path.join(self.folder, f"checkpoint-{step:09d}.pt")
+        tmp = f"{final}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            if self.write_delay:  # tests: a write that takes a while, part of it on disk
+                f.write(b"partial")
+                f.flush()
+                time.sleep(self.write_delay)
+                f.seek(0)
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for old in self._checkpoints()[self.keep:]:
+            os.unlink(old)
+        self.stats["write_s"].append(time.perf_counter() - start)
+
+    # -- loading ------------------------------------------------------------------------------
+    def _checkpoints(self) -> list[str]:
+        """Complete checkpoints, newest first (temp files of a killed write are not among them)."""
+        return sorted(glob.glob(os.path.join(self.folder, "checkpoint-*.pt")), reverse=True)
+
+    def latest(self, device):
+        """The newest checkpoint that loads, or None."""
+        for path in self._checkpoints():
+            try:
+                return torch.load(path, map_location=device, weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - say so and try the one before
+                print(f"skipping {path}: {exc}", flush=True)
+        return None
+
+    def summary(self) -> str:
+        stalls, writes = self.stats["stall_s"], self.stats["write_s"]
+        if not stalls:
+            return "no checkpoints"
+        mid = sorted(stalls)[len(stalls) // 2]
+        text = f"{len(stalls)} checkpoints, median stall {1000 * mid:.0f} ms"
+        if writes:
+            text += f", median write {sorted(writes)[len(writes) // 2]:.2f} s"
+        return text + (" (async)" if self.async_save else "")
 
 
 def _seen_log(args, rank, step):
