@@ -20,6 +20,7 @@ from .errors import (  # noqa: E402
 from .convert import convert  # noqa: E402
 from .export import ExportSummary, export  # noqa: E402  (pyarrow is loaded only for Parquet)
 from .merge import MergeSummary, merge  # noqa: E402
+from .mix import Source  # noqa: E402
 from .pack import PackSummary, pack  # noqa: E402
 from .reader import DatasetReader, open_reader  # noqa: E402
 
@@ -59,6 +60,7 @@ __all__ = [
     "RemoteError",
     "ShardDataset",
     "ShardpackError",
+    "Source",
     "SourceError",
     "UnsafePathError",
     "VersionError",

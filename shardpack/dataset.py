@@ -20,6 +20,7 @@ from .errors import ShardpackError
 from .prefetch import NOTHING
 from .shared import SharedInt
 from .buffers import SlotPool
+from .mix import MixReader, Source, sources_of
 from .reader import DatasetReader
 from .torchenv import IterableDataset, dist, placement, settle_worker, torch
 
@@ -51,7 +52,8 @@ class ShardDataset(IterableDataset):
                  batched: bool = False, storage_options: dict | None = None,
                  cache_dir=None, cache_limit="50GB", prefetch: int = 2,
                  trust_storage: bool = False, shard_affinity: bool = True,
-                 slot_pool: SlotPool | None = None):
+                 slot_pool: SlotPool | None = None, weights: Sequence[float] | None = None,
+                 epoch_size: int | None = None):
         super().__init__()
         if partial not in partition.PARTIAL_POLICIES:
             raise ValueError(f"partial must be one of {partition.PARTIAL_POLICIES}, got "
@@ -62,13 +64,32 @@ class ShardDataset(IterableDataset):
         # mode keeps that much (cached shards open, chunks in memory; docs/remote.md)
         burst = Burst(shuffle_window, -(-shuffle_window // max(1, block_size))) if shuffle \
             else Burst()
-        self.reader = DatasetReader(path, storage_options, cache_dir=cache_dir,
-                                    cache_limit=cache_limit, prefetch=prefetch,
-                                    trust_storage=trust_storage, burst=burst)
+        mixture = isinstance(path, (list, tuple, Source))
+        if not mixture and (weights is not None or epoch_size is not None):
+            raise ValueError("weights and epoch_size are for a mixture: pass a list of datasets")
+        self._mix: tuple | None = None  # (sizes of each source's shards, samples per epoch)
+        if mixture:  # several datasets read as one (shardpack/mix.py, docs/mixing.md)
+            sources = sources_of([path] if isinstance(path, Source) else path, weights)
+            self.reader = MixReader(sources, storage_options=storage_options,
+                                    cache_dir=cache_dir, cache_limit=cache_limit,
+                                    prefetch=prefetch, trust_storage=trust_storage, burst=burst)
+            sizes = self.reader.source_sizes()
+            totals = [sum(x) for x in sizes]
+            counts = partition.allot(totals, [src.weight for src in sources],
+                                     [src.fixed(n) for src, n in zip(sources, totals,
+                                                                     strict=True)], epoch_size)
+            self._mix = (tuple(tuple(x) for x in sizes), tuple(counts))
+            shard_affinity = False  # every rank reads every source (docs/mixing.md)
+        else:
+            self.reader = DatasetReader(path, storage_options, cache_dir=cache_dir,
+                                        cache_limit=cache_limit, prefetch=prefetch,
+                                        trust_storage=trust_storage, burst=burst)
         unknown = sorted(set(fields or ()) - set(self.reader.fields))
         if unknown:
             raise ValueError(f"unknown fields {unknown}: the dataset has {self.reader.fields}")
-        self.path = str(path)
+        if mixture:
+            _check_sources(self.reader, decode, fields)
+        self.path = str(path) if not mixture else ", ".join(str(src.path) for src in sources)
         self.shuffle, self.seed, self.fields = shuffle, seed, tuple(fields) if fields else None
         self.decode, self.transform = decode, transform
         self.batch_size = batch_size or 1
@@ -136,11 +157,15 @@ class ShardDataset(IterableDataset):
     def _shard_sizes(self) -> list[int]:
         return [s.samples for s in self.reader.shards]
 
+    def _epoch_samples(self) -> int:
+        """Samples in an epoch: the dataset's, or a mixture's ``epoch_size``."""
+        return sum(self._mix[1]) if self._mix is not None else len(self.reader)
+
     def __len__(self) -> int:
         """Samples this rank yields in a full epoch (the same on every rank)."""
         self._capture_dist()
         where = self._placement()
-        n = len(self.reader)
+        n = self._epoch_samples()
         return n // where.world if self.partial == "drop" else -(-n // where.world)
 
     # -- state --------------------------------------------------------------------------------
@@ -152,9 +177,11 @@ class ShardDataset(IterableDataset):
           and worker count; with the same world size the rest comes in the same order.
         * no argument, inside the iterating process (what ``StatefulDataLoader`` does in each
           worker): this worker's own position."""
-        base = {"version": STATE_VERSION, "num_samples": len(self.reader), "seed": self.seed,
+        base = {"version": STATE_VERSION, "num_samples": self._epoch_samples(), "seed": self.seed,
                 "shuffle": self.shuffle, "partial": self.partial, "block_size": self.block_size,
                 "shuffle_window": self.shuffle_window, "shard_affinity": self.shard_affinity}
+        if self._mix is not None:  # sources' sizes and shares: the order depends on them
+            base["mix"] = [[sum(sizes), count] for sizes, count in zip(*self._mix, strict=True)]
         epoch, history = self._current()
         if samples_seen is not None:
             self._capture_dist()
@@ -187,9 +214,15 @@ class ShardDataset(IterableDataset):
                                                           unshuffled):
             raise ValueError(f"unsupported state version: expected {STATE_VERSION}, found "
                              f"{state.get('version')!r}")
+        mix = None if self._mix is None else \
+            [[sum(sizes), count] for sizes, count in zip(*self._mix, strict=True)]
+        if state.get("mix") != mix:
+            raise ValueError(f"state was saved with mixture {state.get('mix')!r} ([samples, "
+                             f"per epoch] of each source), this dataset has {mix!r}: resume "
+                             "needs the same sources and shares")
         for key in ("num_samples", "seed", "shuffle", "partial", "block_size", "shuffle_window",
                     "shard_affinity"):
-            mine = len(self.reader) if key == "num_samples" else getattr(self, key)
+            mine = self._epoch_samples() if key == "num_samples" else getattr(self, key)
             saved = state.get(key, False)  # (states from before shard_affinity: False)
             if saved != mine:
                 raise ValueError(f"state was saved with {key}={saved!r}, this dataset has "
@@ -202,14 +235,25 @@ class ShardDataset(IterableDataset):
 
     # -- iteration ----------------------------------------------------------------------------
     def _share(self, where, epoch: int, history) -> partition.Share:
-        # with shard affinity the order is cut for the world size the epoch started with
-        spans = (history[0][0] if history else where.world) if self.shard_affinity else 1
-        order = partition.epoch_order(self._shard_sizes(), seed=self.seed, epoch=epoch,
+        if self._mix is not None:
+            # a mixture is split by position in its epoch (a sample of an upsampled source
+            # comes several times), then positions become the samples there
+            ids = partition.mix_order(self._mix[0], self._mix[1], seed=self.seed, epoch=epoch,
                                       shuffle=self.shuffle, block_size=self.block_size,
-                                      window=self.shuffle_window, spans=spans,
-                                      partial=self.partial)
+                                      window=self.shuffle_window)
+            order = np.arange(len(ids), dtype=np.int64)
+        else:
+            # with shard affinity the order is cut for the world size the epoch started with
+            spans = (history[0][0] if history else where.world) if self.shard_affinity else 1
+            order = partition.epoch_order(self._shard_sizes(), seed=self.seed, epoch=epoch,
+                                          shuffle=self.shuffle, block_size=self.block_size,
+                                          window=self.shuffle_window, spans=spans,
+                                          partial=self.partial)
         share = partition.resume_sequences(order, history, where.world, self.partial)[where.rank]
-        return partition.worker_split(share, where.num_workers, where.worker, self.batch_size)
+        share = partition.worker_split(share, where.num_workers, where.worker, self.batch_size)
+        if self._mix is not None:
+            share = partition.Share(ids[share.ids], share.repeat, share.dropped)
+        return share
 
     def __iter__(self) -> Iterator[dict]:
         """One pass, as stages: order (this process's share of the epoch, and where it
@@ -353,6 +397,9 @@ class ShardDataset(IterableDataset):
             # the epoch travels with the batch: GPU crops in the training process follow it
             batch["__epoch__"] = torch.full((len(batch["__index__"]),), running.epoch,
                                             dtype=torch.int64)
+            if self._mix is not None:
+                batch["__source__"] = torch.from_numpy(
+                    self.reader.source_of(batch["__index__"].numpy()))
             batch = self._finish(batch)
             if not fetcher.started:  # the fast start's batch is made:
                 fetcher.reading(min(len(share), start + len(part) + size) - skip)  # downloads
@@ -388,11 +435,29 @@ class ShardDataset(IterableDataset):
                 sample = {k: v for k, v in sample.items() if k == "__key__" or k in fields}
             sample["__index__"] = gid
             sample["__repeat__"] = rep
+            if self._mix is not None:
+                sample["__source__"] = int(self.reader.source_of([gid])[0])
             self.stats["repeats"] += rep
             if not raw:
                 sample = self._finish(sample)
             self.stats["yielded"] += 1
             yield sample
+
+
+def _check_sources(reader: "MixReader", decode, fields) -> None:
+    """Each source of a mixture has what the decode stage and ``fields`` need: one line naming
+    the source otherwise."""
+    from .images import is_image_field
+
+    wanted = getattr(decode, "field", False)  # False: the stage reads no image field
+    for i, (source, own) in enumerate(zip(reader.sources, reader.readers, strict=True)):
+        have = own.fields
+        if wanted is None and fields is None and not any(is_image_field(f) for f in have):
+            raise ValueError(f"source {i} ({source.path}) has no image field (fields: "
+                             f"{', '.join(have)}), which decode needs")
+        if wanted and wanted not in have:
+            raise ValueError(f"source {i} ({source.path}) has no field {wanted!r} (fields: "
+                             f"{', '.join(have)}), which decode needs")
 
 
 class Counter:
