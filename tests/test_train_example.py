@@ -130,44 +130,59 @@ def _checkpoints(out: Path) -> list[Path]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tiny_ds, tmp_path):
-    """SIGKILL while the background thread is half-way through a write: the checkpoints before it
-    are whole, the half-written one never got its name, and the resumed run sees every sample of
-    each epoch exactly once."""
+    """SIGKILL while the background thread is half-way through the second write: the first
+    checkpoint is whole and the only one, the half-written one never got its name, and the
+    resumed run starts from the first and sees every sample of each epoch exactly once."""
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = _single(tiny_ds, out, "--epochs", "2", "--save-every-steps", "3", "--log-seen",
                   "--async-save", "--keep", "5")
-    proc = subprocess.Popen([*cmd, "--write-delay", "30"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    deadline = time.time() + 120  # the first write is held 30 s: wait until it is under way
+    proc = subprocess.Popen([*cmd, "--write-delay", "60", "--delay-write", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=env)
+    deadline = time.time() + 150  # the second write is held 60 s: wait until it is under way
     while time.time() < deadline and not list(out.glob("checkpoint-*.tmp")):
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
         time.sleep(0.05)
     _kill_tree(proc)
     proc.wait()
-    assert list(out.glob("checkpoint-*.tmp")) and not _checkpoints(out)  # killed mid-write
-    # again, with a quick disk, killed once two checkpoints are written (the next one may be on
-    # its way); the killed write's temp file was removed at start
-    proc = subprocess.Popen([*cmd, "--write-delay", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    while time.time() < deadline + 60 and len(_checkpoints(out)) < 2:
-        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-        time.sleep(0.02)
-    _kill_tree(proc)
-    proc.wait()
-    kept = _checkpoints(out)
-    assert len(kept) >= 2
     import torch
 
-    for path in kept:  # every file with a final name is whole
-        assert torch.load(path, weights_only=True)["step"] == int(path.stem.split("-")[1])
+    assert [p.name for p in _checkpoints(out)] == ["checkpoint-000000003.pt"]
+    assert torch.load(_checkpoints(out)[0], weights_only=True)["step"] == 3
+    assert list(out.glob("checkpoint-*.tmp"))  # the killed write: a temp file, no name
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "resumed at epoch" in done.stdout
+    assert "resumed at epoch 0, step 3" in done.stdout
+    assert not list(out.glob("checkpoint-*.tmp"))
     for epoch in (0, 1):
         seen = [i for line in (out / "seen-rank0.jsonl").read_text().splitlines()
                 for i in json.loads(line)["ids"] if json.loads(line)["epoch"] == epoch]
         assert sorted(seen) == list(range(40)), f"epoch {epoch}: not exactly once"
+
+
+def test_unreadable_checkpoint_is_set_aside_and_pruning_keeps_what_loads(tiny_ds, tmp_path):
+    """A newest checkpoint that does not load is renamed .bad and the run resumes from the one
+    before; with --keep 1 the new checkpoints replace only older ones."""
+    import torch
+
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = subprocess.run(_single(tiny_ds, out, "--epochs", "1", "--save-every-steps", "3",
+                                   "--max-steps", "6", "--keep", "5"),
+                           capture_output=True, text=True, timeout=200, env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    newest = out / "checkpoint-000000006.pt"
+    newest.write_bytes(b"not a checkpoint")
+    again = subprocess.run(_single(tiny_ds, out, "--epochs", "1", "--save-every-steps", "3",
+                                   "--max-steps", "8", "--keep", "1"),
+                           capture_output=True, text=True, timeout=200, env=env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resumed at epoch 0, step 3" in again.stdout
+    assert (out / "checkpoint-000000006.pt.bad").exists()
+    names = [p.name for p in _checkpoints(out)]
+    assert names == ["checkpoint-000000008.pt"], names
+    assert torch.load(out / names[0], weights_only=True)["step"] == 8
 
 
 @pytest.mark.timeout(300)

@@ -83,6 +83,8 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds (tests: slow down)")
     p.add_argument("--write-delay", type=float, default=0.0,
                    help="seconds a checkpoint write pauses half-way (tests: a slow disk)")
+    p.add_argument("--delay-write", type=int, default=1,
+                   help="the write --write-delay holds: the Nth of this run, and later ones")
     args = p.parse_args()
     torch.manual_seed(args.seed)
 
@@ -116,7 +118,7 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
 
     saver = Checkpointer(args.out, keep=args.keep, every_steps=args.save_every_steps,
                          every_s=args.save_every_s, async_save=args.async_save, device=device,
-                         rank=rank, distributed=distributed, write_delay=args.write_delay)
+                         rank=rank, write_delay=(args.write_delay, args.delay_write))
     epoch, step, resumed = 0, 0, False
     state = saver.latest(device)
     if state is not None:
@@ -171,7 +173,8 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
                       f"waiting {100 * loader.wait_fraction:.1f}%", flush=True)
         else:  # the epoch ran to its end: the next one starts fresh (loader state None)
             epoch += 1
-            saver.save(step, lambda: snapshot(None))
+            if saver.saved_step != step:  # (a save at this step already holds the whole epoch)
+                saver.save(step, lambda: snapshot(None))
             last = time.perf_counter()
             continue
         if args.max_steps and step >= args.max_steps:  # stopped mid-epoch: resumable there
@@ -194,29 +197,29 @@ class Checkpointer:
 
     NOTE [async save]: at a step boundary ``save`` first waits for the previous write, then
     copies every tensor of the state into CPU buffers of its own (pinned on CUDA, reused from
-    save to save), and hands that copy to a thread, which writes a temp file, fsyncs it and
-    renames it to checkpoint-STEP.pt (then fsyncs the folder and removes all but the newest
-    ``keep``).  Training changes the live weights meanwhile; the copy is what gets written, so
-    the file holds exactly the state of its step.  The training loop stalls only for the wait and
-    the copy.  Only rank 0 writes: DDP replicas are equal, and every rank consumed the same number
-    of samples, so one loader state serves the whole job.  A kill at any moment leaves the
-    previous checkpoints whole: a file only gets its final name once it is complete on disk.
-    Why not torch.distributed.checkpoint.async_save: docs/device.md."""
+    save to save; tensors that share memory share their copy), and hands that copy to a thread,
+    which writes a temp file, fsyncs it and renames it to checkpoint-STEP.pt (then fsyncs the
+    folder and removes older checkpoints beyond the newest ``keep``).  Training changes the live
+    weights meanwhile; the copy is what gets written, so the file holds exactly the state of its
+    step.  The training loop stalls only for the wait and the copy.  Only rank 0 writes and
+    decides when (nothing in a save is collective): DDP replicas are equal, and every rank
+    consumed the same number of samples, so one loader state serves the whole job.  A kill at
+    any moment leaves the earlier checkpoints whole: a file only gets its final name once it is
+    complete on disk.  Why not torch.distributed.checkpoint.async_save: docs/device.md."""
 
     def __init__(self, folder, *, keep, every_steps, every_s, async_save, device, rank,
-                 distributed, write_delay=0.0):
+                 write_delay=(0.0, 1)):
         self.folder, self.keep = folder, max(1, keep)
         self.every_steps, self.every_s = every_steps, every_s
         self.async_save, self.device, self.rank = async_save, device, rank
-        self.distributed, self.write_delay = distributed, write_delay
+        self.write_delay = write_delay  # (seconds, from the Nth write on): tests
         self.stats = {"stall_s": [], "write_s": []}
+        self.saved_step = -1
+        self._writes = 0
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._buffers: dict = {}
         self._last_save = time.monotonic()
-        self.saved_step = -1
-        # the time trigger must fire at the same step on every rank: agreed over a CPU group
-        self._group = dist.new_group(backend="gloo") if distributed and every_s else None
         os.makedirs(folder, exist_ok=True)
         if rank == 0:  # what a killed write left behind: never a checkpoint, only its temp file
             for stale in glob.glob(os.path.join(folder, "checkpoint-*.tmp")):
@@ -224,32 +227,36 @@ class Checkpointer:
 
     # -- when ---------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
+        if self.rank != 0:
+            return False
         if self.every_steps and step % self.every_steps == 0:
             return True
-        if not self.every_s:
-            return False
-        late = torch.tensor([float(time.monotonic() - self._last_save >= self.every_s)])
-        if self._group is not None:
-            dist.all_reduce(late, op=dist.ReduceOp.MAX, group=self._group)
-        return bool(late.item())
+        # by time: not while the previous write still runs (waiting for it would stall every
+        # step once writes take longer than the interval)
+        return bool(self.every_s) and time.monotonic() - self._last_save >= self.every_s and \
+            not (self._thread is not None and self._thread.is_alive())
 
     # -- saving -------------------------------------------------------------------------------
     def save(self, step: int, state_fn) -> None:
+        if self.rank != 0:
+            return
         start = time.perf_counter()
         self.saved_step = step
-        self._last_save = time.monotonic()
         self.wait()
-        if self.rank == 0:
-            state = state_fn()
-            if self.async_save:
-                state = self._copy(state, "")
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)  # the copies have landed
-                self._thread = threading.Thread(target=self._write_logged, args=(state, step),
-                                                name="checkpoint-writer", daemon=False)
-                self._thread.start()
-            else:
-                self._write(state, step)
+        state = state_fn()
+        if self.async_save:
+            seen: dict = {}
+            state = self._copy(state, "", seen)
+            if self.device.type == "cuda":  # the copies were queued on this stream: wait for
+                done = torch.cuda.Event()  # them only, not for the loader's side streams
+                done.record()
+                done.synchronize()
+            self._thread = threading.Thread(target=self._write_logged, args=(state, step),
+                                            name="checkpoint-writer", daemon=False)
+            self._thread.start()
+        else:
+            self._write(state, step)
+        self._last_save = time.monotonic()
         self.stats["stall_s"].append(time.perf_counter() - start)
 
     def wait(self) -> None:
@@ -261,19 +268,28 @@ class Checkpointer:
             error, self._error = self._error, None
             raise RuntimeError(f"writing a checkpoint failed: {error}") from error
 
-    def _copy(self, value, path: str):
-        """The state with every tensor copied into this checkpointer's own CPU buffers."""
+    def _copy(self, value, path: str, seen: dict):
+        """The state with every tensor copied into this checkpointer's own CPU buffers (views
+        of one memory get one copy, as torch.save would store them once)."""
         if isinstance(value, torch.Tensor):
+            ident = (value.untyped_storage().data_ptr(), value.storage_offset(),
+                     tuple(value.shape), tuple(value.stride()), value.dtype)
+            if ident in seen:
+                return seen[ident]
             buf = self._buffers.get(path)
-            if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
-                buf = self._buffers[path] = torch.empty(
-                    value.shape, dtype=value.dtype, device="cpu",
-                    pin_memory=self.device.type == "cuda")
-            return buf.copy_(value.detach(), non_blocking=self.device.type == "cuda")
+            if buf is None or buf.shape != value.shape or buf.dtype != value.dtype or \
+                    buf.stride() != value.stride():
+                buf = self._buffers[path] = torch.empty_like(
+                    value, device="cpu", pin_memory=self.device.type == "cuda")
+            seen[ident] = buf.copy_(value.detach(), non_blocking=self.device.type == "cuda")
+            return seen[ident]
         if isinstance(value, dict):
-            return {k: self._copy(v, f"{path}/{k}") for k, v in value.items()}
+            return {k: self._copy(v, f"{path}/{k}", seen) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return type(value)(self._copy(v, f"{path}/{i}") for i, v in enumerate(value))
+            items = [self._copy(v, f"{path}/{i}", seen) for i, v in enumerate(value)]
+            if hasattr(value, "_fields"):  # a named tuple
+                return type(value)(*items)
+            return type(value)(items)
         return value  # ints, floats, strings: immutable
 
     def _write_logged(self, state, step: int) -> None:
@@ -284,24 +300,34 @@ class Checkpointer:
 
     def _write(self, state, step: int) -> None:
         start = time.perf_counter()
+        self._writes += 1
         final = os.path.join(self.folder, f"checkpoint-{step:09d}.pt")
         tmp = f"{final}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            if self.write_delay:  # tests: a write that takes a while, part of it on disk
-                f.write(b"partial")
+        try:
+            with open(tmp, "wb") as f:
+                delay, nth = self.write_delay
+                if delay and self._writes >= nth:  # tests: a slow write, part of it on disk
+                    f.write(b"partial")
+                    f.flush()
+                    time.sleep(delay)
+                    f.seek(0)
+                torch.save(state, f)
                 f.flush()
-                time.sleep(self.write_delay)
-                f.seek(0)
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            if os.path.exists(tmp):  # (a full disk gets its space back)
+                os.unlink(tmp)
+            raise
         fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        for old in self._checkpoints()[self.keep:]:
+        # only older ones go, and never the one just written: after a resume from an older
+        # checkpoint a newer one may exist (its run was killed): it is kept until overtaken
+        older = [c for c in self._checkpoints() if _step_of(c) < step]
+        for old in older[self.keep - 1:]:
             os.unlink(old)
         self.stats["write_s"].append(time.perf_counter() - start)
 
@@ -311,12 +337,18 @@ class Checkpointer:
         return sorted(glob.glob(os.path.join(self.folder, "checkpoint-*.pt")), reverse=True)
 
     def latest(self, device):
-        """The newest checkpoint that loads, or None."""
-        for path in self._checkpoints():
+        """The newest checkpoint that loads, or None.  One that does not is renamed to .bad
+        (so it holds no place among the ``keep``); a checkpoint.pt of the example before
+        numbered checkpoints is read when there is nothing newer."""
+        for path in self._checkpoints() + [os.path.join(self.folder, "checkpoint.pt")]:
+            if not os.path.exists(path):
+                continue
             try:
                 return torch.load(path, map_location=device, weights_only=True)
             except Exception as exc:  # noqa: BLE001 - say so and try the one before
                 print(f"skipping {path}: {exc}", flush=True)
+                if self.rank == 0:
+                    os.replace(path, path + ".bad")
         return None
 
     def summary(self) -> str:
@@ -328,6 +360,10 @@ class Checkpointer:
         if writes:
             text += f", median write {sorted(writes)[len(writes) // 2]:.2f} s"
         return text + (" (async)" if self.async_save else "")
+
+
+def _step_of(path: str) -> int:
+    return int(os.path.basename(path).split("-")[1].split(".")[0])
 
 
 def _seen_log(args, rank, step):
