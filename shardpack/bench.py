@@ -2,12 +2,19 @@
 report samples/s, MB/s, time to first batch and, with a simulated step time, the fraction of wall
 time the consumer waited for data.  ``files=`` runs the same pipeline over an unpacked file tree,
 so users see what packing bought them.
+
+Every batch is also recorded on a timeline (:class:`Timeline`: when it arrived, its samples, how
+long the consumer waited for it, as the DeviceLoader counts waits), which ``bench --plot FILE``
+draws: samples/s over time and the wait per step, the first batch marked (docs/preview.md).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+
+import numpy as np
 
 from .batches import BytesBatch, collate
 from .dataset import ShardDataset
@@ -30,6 +37,73 @@ class BenchOptions:
 
 
 @dataclass
+class Timeline:
+    """One entry per batch the consumer received: seconds since the bench started when it
+    arrived, its samples, and the seconds the consumer waited for it (the DeviceLoader's host
+    wait plus, on CUDA, the stream's stall, counted when its events are settled, which may be
+    a step late; the first batch's wait includes the loader's start)."""
+    arrived: list = dataclass_field(default_factory=list)
+    samples: list = dataclass_field(default_factory=list)
+    waits: list = dataclass_field(default_factory=list)
+
+    def add(self, arrived: float, samples: int, wait: float) -> None:
+        self.arrived.append(arrived)
+        self.samples.append(samples)
+        self.waits.append(wait)
+
+    def rates(self, window: int | None = None) -> np.ndarray:
+        """samples/s at each batch over the last ``window`` batches (default: ~1/20 of the
+        run, 1 to 10), the first batch's as samples over its arrival time."""
+        t = np.asarray(self.arrived, dtype=np.float64)
+        n = np.asarray(self.samples, dtype=np.float64)
+        if not len(t):
+            return t
+        k = window or max(1, min(10, len(t) // 20))
+        done = np.concatenate([[0.0], np.cumsum(n)])
+        since = np.concatenate([[0.0], t])
+        lo = np.maximum(np.arange(len(t)) + 1 - k, 0)
+        spans = t - since[lo]
+        return np.divide(done[1:] - done[lo], spans, out=np.zeros(len(t)), where=spans > 0)
+
+    def wait_line(self) -> str | None:
+        if len(self.waits) < 2:
+            return None
+        rest = np.asarray(self.waits[1:]) * 1000
+        p50, p90 = np.percentile(rest, [50, 90])
+        return (f"wait/step     p50 {p50:.1f} ms, p90 {p90:.1f} ms, max {rest.max():.1f} ms "
+                f"after the first batch ({1000 * self.waits[0]:.0f} ms)")
+
+    def plot(self, path, title: str, step_ms: float) -> None:
+        """samples/s over time and the wait per step as a PNG (matplotlib), the first batch
+        marked."""
+        from .stats import new_figure, save_figure
+
+        fig = new_figure((9, 6))
+        top, bottom = fig.subplots(2, 1, sharex=True)
+        t = np.asarray(self.arrived)
+        top.plot(t, self.rates(1), ".", color="#aab7c4", markersize=3, label="per batch")
+        top.plot(t, self.rates(), "-", color="#2e86c1", label="rolling")
+        top.set_ylabel("samples/s")
+        top.set_title(title, fontsize=10)
+        bottom.bar(t, np.asarray(self.waits) * 1000, width=_bar_width(t), color="#c0392b")
+        bottom.set_ylabel("consumer wait per step (ms)")
+        bottom.set_xlabel("seconds since start" + (f" (step {step_ms:g} ms)" if step_ms else ""))
+        bottom.set_yscale("symlog", linthresh=1.0)
+        bottom.set_xlim(left=0)
+        if len(t):
+            for ax in (top, bottom):
+                ax.axvline(t[0], color="black", linestyle="--", linewidth=1)
+            top.text(t[0], 0.97, f" first batch: {t[0]:.2f} s", va="top", fontsize=8,
+                     transform=top.get_xaxis_transform())
+        top.legend(loc="lower right", fontsize=8)
+        save_figure(fig, path)
+
+
+def _bar_width(t: np.ndarray) -> float:
+    return float(np.median(np.diff(t))) * 0.8 if len(t) > 1 else 0.01
+
+
+@dataclass
 class BenchResult:
     source: str
     samples: int
@@ -39,6 +113,7 @@ class BenchResult:
     nbytes: int
     wait_fraction: float | None
     bad: int = 0
+    timeline: Timeline = dataclass_field(default_factory=Timeline)
 
     def lines(self) -> list[str]:
         rate = self.samples / self.seconds if self.seconds else 0.0
@@ -51,6 +126,9 @@ class BenchResult:
             out.append(f"undecodable  {self.bad} images (zero images in their place)")
         if self.wait_fraction is not None:
             out.append(f"waiting       {100 * self.wait_fraction:.1f}% of wall time")
+            waits = self.timeline.wait_line()
+            if waits:
+                out.append(waits)
         return out
 
 
@@ -111,11 +189,18 @@ def run(dataset: str | None, opts: BenchOptions, files: str | None = None,
     samples = nbytes = batches = bad = 0
     first = None
     step = opts.step_ms / 1000.0
+    timeline = Timeline()
+    waited = 0.0
     for epoch in range(opts.epochs):
         device_loader.set_epoch(epoch)
         for batch in device_loader:
+            now = time.perf_counter() - started
             if first is None:
-                first = time.perf_counter() - started
+                first = now
+            stats = device_loader.stats
+            total_wait = stats["wait_s"] + stats["device_wait_s"]
+            timeline.add(now, len(batch["__index__"]), total_wait - waited)
+            waited = total_wait
             batches += 1
             samples += len(batch["__index__"])
             nbytes += sum(int(v.offsets[-1]) for v in batch.values() if isinstance(v, BytesBatch))
@@ -135,7 +220,7 @@ def run(dataset: str | None, opts: BenchOptions, files: str | None = None,
         bar.close()
     seconds = device_loader.stats["wall_s"]
     return BenchResult(files or dataset, samples, batches, seconds, first or 0.0, nbytes,
-                       device_loader.wait_fraction if step else None, bad)
+                       device_loader.wait_fraction if step else None, bad, timeline)
 
 
 def _busy(seconds: float) -> None:

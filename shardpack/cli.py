@@ -291,19 +291,39 @@ def export(dataset, out, to, shard_size, overwrite, quiet, storage_options):
 @main.command()
 @click.argument("dataset")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--stats", is_flag=True,
+              help="Also: samples per class (text bars), per-field size percentiles (from the "
+                   "indexes), image sizes (from the headers of a random --sample of images) "
+                   "and imbalance warnings.")
+@click.option("--sample", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="With --stats: images whose headers are read; also samples whose labels "
+                   "are read when the keys do not carry the class (not an ImageFolder pack).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=str), default=None,
+              metavar="FILE", help="Write the class histogram as a PNG (implies --stats; "
+                                   "needs matplotlib: pip install 'shardpack[plot]').")
 @storage_option
-def info(dataset, as_json, storage_options):
+def info(dataset, as_json, stats, sample, plot, storage_options):
     """Samples, shards, bytes, fields, classes, format and compression of DATASET."""
     from .reader import DatasetReader
 
-    m = DatasetReader(dataset, _parse_options(storage_options)).manifest
+    if plot is not None:
+        from .stats import require_plot
+
+        require_plot()  # before any work
+    reader = DatasetReader(dataset, _parse_options(storage_options))
+    m = reader.manifest
     index_bytes = sum(s.index_bytes for s in m.shards)
     samples = m.num_samples or 0
+    report = _stats(reader, dataset, sample) if stats or plot is not None else None
+    if plot is not None:
+        report.plot(plot)
     if as_json:  # the manifest as written, newer keys included
         summary = {k: v for k, v in m.raw.items() if k != "shards"}
         summary["dataset"] = dataset
         summary["index_bytes"] = index_bytes
         summary["index_bytes_per_sample"] = index_bytes / max(1, samples)
+        if report is not None:
+            summary["stats"] = report.to_json()
         click.echo(json.dumps(summary, indent=1, sort_keys=True, ensure_ascii=False))
         return
     classes = m.classes
@@ -325,6 +345,72 @@ def info(dataset, as_json, storage_options):
         rows.append(("ignored", f"{m.ignored:,} files neither images nor sidecars"))
     for name, value in rows:
         click.echo(f"{name:<9} {value}")
+    if report is not None:
+        for line in report.lines():
+            click.echo(line)
+        if plot is not None:
+            click.echo(f"plot      {plot}")
+
+
+def _stats(reader, dataset: str, sample: int):
+    from .stats import StatsOptions, dataset_stats
+
+    return dataset_stats(reader, StatsOptions(sample=sample), name=dataset)
+
+
+@main.command()
+@click.argument("dataset")
+@click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=str),
+              help="File to write [default: preview.png, or preview.html with --html].")
+@click.option("-n", "--n", "n", type=click.IntRange(1, 10000), default=64, show_default=True,
+              help="Samples on the sheet.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Which random samples (same seed, same sheet).")
+@click.option("--first", is_flag=True, help="The first samples in stored order, not random.")
+@click.option("--class", "class_name", default=None, metavar="NAME",
+              help="Only samples of class NAME (a class of the manifest; without classes, "
+                   "the label's value).")
+@click.option("--key", "key_prefix", default=None, metavar="PREFIX",
+              help="Only samples whose key starts with PREFIX.")
+@click.option("--cell", type=click.IntRange(32, 1024), default=128, show_default=True,
+              help="Side of each image cell in pixels.")
+@click.option("--columns", type=click.IntRange(min=1), default=None,
+              help="Cells per row [default: square-ish].")
+@click.option("--field", "-f", default=None,
+              help="The image field [default: as the decode finds it: the one image field, "
+                   "or the one named by an extension alone].")
+@click.option("--html", "as_html", is_flag=True,
+              help="Write a self-contained HTML page (images inline) instead of a PNG.")
+@storage_option
+def preview(dataset, out, n, seed, first, class_name, key_prefix, cell, columns, field,
+            as_html, storage_options):
+    """Draw N samples of DATASET on a contact sheet: each image with its key and label.
+
+    Local or remote datasets: only the samples shown are read (one ranged read each, checked
+    against the index hash), never whole shards. A sample whose image does not decode gets a
+    cell marked in red with the reason.
+
+    \b
+    Examples:
+      shardpack preview /fast/train --out sheet.png
+      shardpack preview /fast/train --class n01440764 --n 32 --seed 3
+      shardpack preview https://host/ds --key val/ --first --html --out val.html
+    """
+    from .preview import PreviewOptions
+    from .preview import preview as run_preview
+
+    opts = PreviewOptions(n=n, seed=seed, first=first, class_name=class_name,
+                          key_prefix=key_prefix, cell=cell, columns=columns, field=field,
+                          html=as_html)
+    out = out or ("preview.html" if as_html else "preview.png")
+    summary = run_preview(dataset, out, opts, _parse_options(storage_options))
+    for line in summary.notes:
+        click.echo(f"note: {line}", err=True)
+    for line in summary.reasons[:10]:
+        click.echo(f"marked: {line}", err=True)
+    if summary.marked > 10:
+        click.echo(f"marked: ... and {summary.marked - 10:,} more", err=True)
+    click.echo(summary.line())
 
 
 @main.command()
@@ -435,15 +521,25 @@ def unpack(dataset, out, quiet, storage_options):
 @click.option("--batches", type=click.IntRange(min=1), default=None,
               help="Stop after this many batches [default: one epoch].")
 @click.option("--device", default=None, help="cpu or cuda [default: cuda if available].")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=str), default=None,
+              metavar="FILE", help="Write samples/s over time and the wait per step as a PNG, "
+                                   "first batch marked (needs matplotlib: pip install "
+                                   "'shardpack[plot]').")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def bench(dataset, files, decode, workers, batch_size, size, step_ms, batches, device, quiet):
+def bench(dataset, files, decode, workers, batch_size, size, step_ms, batches, device, plot,
+          quiet):
     """Measure the real loading pipeline on DATASET: samples/s, MB/s, time to first batch, and
     with --step-ms how long a training step would wait for data."""
     from .bench import BenchOptions, run
-    from .torchenv import torch
 
     if (dataset is None) == (files is None):
         raise ShardpackError("give a DATASET or --files SRC_DIR (one of them)")
+    if plot is not None:
+        from .stats import require_plot
+
+        require_plot()  # before the run, not after it
+    from .torchenv import torch
+
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if decode == "gpu" and not device.startswith("cuda"):
         raise ShardpackError("--decode gpu needs a CUDA device; this machine has none",
@@ -453,6 +549,10 @@ def bench(dataset, files, decode, workers, batch_size, size, step_ms, batches, d
     result = run(dataset, opts, files=files, progress=not quiet and sys.stderr.isatty())
     for line in result.lines():
         click.echo(line)
+    if plot is not None:
+        result.timeline.plot(plot, f"{result.source}: decode {decode}, {workers} workers, "
+                                   f"batch {batch_size}", step_ms)
+        click.echo(f"plot          {plot}")
 
 
 @main.group()
