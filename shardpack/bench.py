@@ -34,6 +34,8 @@ class BenchOptions:
     batches: int | None = None
     device: str = "cpu"
     epochs: int = 1
+    weights: tuple | None = None    # several datasets: a mixture's shares
+    epoch_size: int | None = None
 
 
 @dataclass
@@ -164,13 +166,15 @@ class _CollateDecode:
         return self.decode(batch) if self.decode is not None else batch
 
 
-def make_loader(dataset: str | None, files: str | None, opts: BenchOptions):
+def make_loader(dataset: str | list | None, files: str | None, opts: BenchOptions):
     decode = CpuDecode(opts.size, on_error="skip") if opts.decode == "cpu" else None
     kwargs = dict(num_workers=opts.workers, persistent_workers=opts.workers > 0)
     if files is not None:
         return DataLoader(FilesDataset(files), batch_size=opts.batch_size, shuffle=True,
                           collate_fn=_CollateDecode(decode), **kwargs)
-    ds = ShardDataset(dataset, batch_size=opts.batch_size, batched=True, decode=decode)
+    ds = ShardDataset(dataset, batch_size=opts.batch_size, batched=True, decode=decode,
+                      **({"weights": opts.weights, "epoch_size": opts.epoch_size}
+                         if isinstance(dataset, list) else {}))
     return DataLoader(ds, batch_size=None, **kwargs)
 
 
@@ -219,7 +223,8 @@ def run(dataset: str | None, opts: BenchOptions, files: str | None = None,
     if bar is not None:
         bar.close()
     seconds = device_loader.stats["wall_s"]
-    return BenchResult(files or dataset, samples, batches, seconds, first or 0.0, nbytes,
+    return BenchResult(files or (" + ".join(dataset) if isinstance(dataset, list) else dataset),
+                       samples, batches, seconds, first or 0.0, nbytes,
                        device_loader.wait_fraction if step else None, bad, timeline)
 
 

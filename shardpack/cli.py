@@ -504,10 +504,15 @@ def unpack(dataset, out, quiet, storage_options):
 
 
 @main.command()
-@click.argument("dataset", required=False)
+@click.argument("datasets", metavar="DATASET...", nargs=-1)
 @click.option("--files", "files", type=click.Path(exists=True, file_okay=False), default=None,
               help="Run the same pipeline over an unpacked file tree instead (ImageFolder or any "
                    "files), to compare with the packed DATASET.")
+@click.option("--weights", default=None, metavar="W1,W2,...",
+              help="Several DATASETs are read as one mixture (docs/mixing.md): their relative "
+                   "shares [default: each dataset once].")
+@click.option("--epoch-size", type=click.IntRange(min=1), default=None,
+              help="Samples in a mixture's epoch [default: the datasets' sum].")
 @click.option("--decode", type=click.Choice(["none", "cpu", "gpu"]), default="none",
               show_default=True, help="none: bytes only; cpu: decode + crop in the workers; "
               "gpu: nvJPEG on the device (needs CUDA and torchvision).")
@@ -526,14 +531,28 @@ def unpack(dataset, out, quiet, storage_options):
                                    "first batch marked (needs matplotlib: pip install "
                                    "'shardpack[plot]').")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def bench(dataset, files, decode, workers, batch_size, size, step_ms, batches, device, plot,
-          quiet):
+def bench(datasets, files, weights, epoch_size, decode, workers, batch_size, size, step_ms,
+          batches, device, plot, quiet):
     """Measure the real loading pipeline on DATASET: samples/s, MB/s, time to first batch, and
-    with --step-ms how long a training step would wait for data."""
+    with --step-ms how long a training step would wait for data.  Several DATASETs: a mixture
+    (--weights, --epoch-size)."""
     from .bench import BenchOptions, run
 
-    if (dataset is None) == (files is None):
-        raise ShardpackError("give a DATASET or --files SRC_DIR (one of them)")
+    if bool(datasets) == (files is not None):
+        raise ShardpackError("give a DATASET (or several) or --files SRC_DIR (one of them)")
+    if (weights or epoch_size) and len(datasets) < 2:
+        raise ShardpackError("--weights and --epoch-size are for a mixture: give several "
+                             "DATASETs")
+    shares = None
+    if weights:
+        try:
+            shares = tuple(float(w) for w in weights.split(","))
+        except ValueError:
+            raise ShardpackError(f"--weights {weights!r}: give numbers, e.g. 3,1") from None
+        if len(shares) != len(datasets):
+            raise ShardpackError(f"--weights has {len(shares)} values for {len(datasets)} "
+                                 "datasets")
+    dataset = list(datasets) if len(datasets) > 1 else (datasets[0] if datasets else None)
     if plot is not None:
         from .stats import require_plot
 
@@ -545,7 +564,8 @@ def bench(dataset, files, decode, workers, batch_size, size, step_ms, batches, d
         raise ShardpackError("--decode gpu needs a CUDA device; this machine has none",
                              hint="use --decode cpu")
     opts = BenchOptions(decode=decode, workers=workers, batch_size=batch_size, size=size,
-                        step_ms=step_ms, batches=batches, device=device)
+                        step_ms=step_ms, batches=batches, device=device, weights=shares,
+                        epoch_size=epoch_size)
     result = run(dataset, opts, files=files, progress=not quiet and sys.stderr.isatty())
     for line in result.lines():
         click.echo(line)

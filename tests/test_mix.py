@@ -291,3 +291,16 @@ def test_decode_and_device_loader_on_a_mixture(tmp_path):
     assert sum(len(b["__index__"]) for b in batches) == 18
     assert all(b["image"].shape[1:] == (3, 32, 32) and float(b["image"].std()) > 0.1
                for b in batches)
+
+
+def test_bench_command_takes_a_mixture(two):
+    from .conftest import run_cli
+
+    a, b = two
+    out = run_cli("bench", a, b, "--weights", "1,3", "--epoch-size", "40", "--batch-size", "8",
+                  "--workers", "1", "-q").output
+    assert "(40 samples, 5 batches" in out and " + " in out
+    bad = run_cli("bench", a, "--weights", "1", "-q", ok=None)
+    assert bad.exit_code == 2 and "for a mixture" in bad.output
+    bad = run_cli("bench", a, b, "--weights", "1,x", "-q", ok=None)
+    assert bad.exit_code == 2 and "give numbers" in bad.output
