@@ -24,7 +24,7 @@ from .mix import MixReader, Source, sources_of
 from .reader import DatasetReader
 from .torchenv import IterableDataset, dist, placement, settle_worker, torch
 
-STATE_VERSION = 2  # changes whenever the order of a (seed, epoch) changes (docs/reading.md)
+STATE_VERSION = 3  # changes whenever the order of a (seed, epoch) changes (docs/reading.md)
 
 
 class ShardDataset(IterableDataset):
@@ -208,12 +208,16 @@ class ShardDataset(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration yields exactly what the saved epoch had left."""
-        # version 1 orders differ from version 2 only in how windows are shuffled
-        unshuffled = not state.get("shuffle") or state.get("shuffle_window", 2) <= 1
-        if state.get("version") != STATE_VERSION and not (state.get("version") == 1 and
+        # versions 1 and 2 shuffled blocks and windows from other random draws (3: one key
+        # per span and window, so a process computes its own share alone); unshuffled orders
+        # are the same in all of them
+        unshuffled = not state.get("shuffle")
+        if state.get("version") != STATE_VERSION and not (state.get("version") in (1, 2) and
                                                           unshuffled):
             raise ValueError(f"unsupported state version: expected {STATE_VERSION}, found "
-                             f"{state.get('version')!r}")
+                             f"{state.get('version')!r}: states from before order version 3 "
+                             "resume only unshuffled epochs; start the epoch again (set_epoch) "
+                             "or finish it with the shardpack that saved it")
         mix = None if self._mix is None else \
             [[sum(sizes), count] for sizes, count in zip(*self._mix, strict=True)]
         if state.get("mix") != mix:
@@ -242,18 +246,21 @@ class ShardDataset(IterableDataset):
                                       shuffle=self.shuffle, block_size=self.block_size,
                                       window=self.shuffle_window)
             order = np.arange(len(ids), dtype=np.int64)
-        else:
-            # with shard affinity the order is cut for the world size the epoch started with
-            spans = (history[0][0] if history else where.world) if self.shard_affinity else 1
-            order = partition.epoch_order(self._shard_sizes(), seed=self.seed, epoch=epoch,
-                                          shuffle=self.shuffle, block_size=self.block_size,
-                                          window=self.shuffle_window, spans=spans,
-                                          partial=self.partial)
-        share = partition.resume_sequences(order, history, where.world, self.partial)[where.rank]
-        share = partition.worker_split(share, where.num_workers, where.worker, self.batch_size)
-        if self._mix is not None:
-            share = partition.Share(ids[share.ids], share.repeat, share.dropped)
-        return share
+            share = partition.resume_sequences(order, history, where.world,
+                                               self.partial)[where.rank]
+            share = partition.worker_split(share, where.num_workers, where.worker,
+                                           self.batch_size)
+            return partition.Share(ids[share.ids], share.repeat, share.dropped)
+        # this worker's share only: its cost follows the share, not the epoch (docs/scale.md);
+        # with shard affinity the order is cut for the world size the epoch started with
+        spans = (history[0][0] if history else where.world) if self.shard_affinity else 1
+        return partition.share(self._shard_sizes(), seed=self.seed, epoch=epoch,
+                               world=where.world, rank=where.rank,
+                               num_workers=where.num_workers, worker=where.worker,
+                               batch_size=self.batch_size, partial=self.partial,
+                               shuffle=self.shuffle, block_size=self.block_size,
+                               window=self.shuffle_window, spans=spans,
+                               history=[tuple(h) for h in history])
 
     def __iter__(self) -> Iterator[dict]:
         """One pass, as stages: order (this process's share of the epoch, and where it
@@ -449,15 +456,23 @@ def _check_sources(reader: "MixReader", decode, fields) -> None:
     the source otherwise."""
     from .images import is_image_field
 
+    from .batches import LABEL_FIELDS
+
     wanted = getattr(decode, "field", False)  # False: the stage reads no image field
     for i, (source, own) in enumerate(zip(reader.sources, reader.readers, strict=True)):
-        have = own.fields
-        if wanted is None and fields is None and not any(is_image_field(f) for f in have):
+        have = [f for f in own.fields if fields is None or f in fields]
+        if wanted is None and not any(is_image_field(f) for f in have):
             raise ValueError(f"source {i} ({source.path}) has no image field (fields: "
                              f"{', '.join(have)}), which decode needs")
         if wanted and wanted not in have:
             raise ValueError(f"source {i} ({source.path}) has no field {wanted!r} (fields: "
                              f"{', '.join(have)}), which decode needs")
+        for label in LABEL_FIELDS:  # a label is a number in every sample or in none
+            used = fields is None or label in fields
+            if used and label in reader.fields and label not in own.fields:
+                raise ValueError(f"source {i} ({source.path}) has no label field {label!r}, "
+                                 f"which other sources have: pass fields=[...] without "
+                                 f"{label!r}, or mix sources that all have it")
 
 
 class Counter:

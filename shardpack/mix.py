@@ -26,8 +26,8 @@ SOURCE_BITS = 56  # fetch-ahead unit keys: the source in the top bits, its own k
 class Source:
     """One dataset of a mixture.  How much of it an epoch takes, one of:
 
-    * ``weight`` (relative, the default 1): the epoch's samples left after the fixed sources
-      are shared by weight;
+    * ``weight`` (relative): the epoch's samples left after the fixed sources are shared by
+      weight (no source with a weight: by the sources' sizes, each sample once);
     * ``repeat=k``: k passes of the source per epoch (k may be fractional: 0.5 is half a pass);
     * ``samples=n``: n samples per epoch.
 
@@ -46,8 +46,12 @@ class Source:
             raise ValueError(f"source {self.path!s}: give one of weight, repeat, samples")
         for name in ("weight", "repeat", "samples"):
             value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"source {self.path!s}: {name} must be >= 0, got {value!r}")
+            if value is not None and not (value >= 0 and value != float("inf")):
+                raise ValueError(f"source {self.path!s}: {name} must be a finite number >= 0, "
+                                 f"got {value!r}")
+        if self.samples is not None and int(self.samples) != self.samples:
+            raise ValueError(f"source {self.path!s}: samples must be a whole number, got "
+                             f"{self.samples!r}")
 
     def fixed(self, size: int) -> int | None:
         """Samples per epoch for an absolute source (repeat or samples), else None."""
@@ -63,6 +67,9 @@ def sources_of(paths, weights: Sequence[float] | None) -> list[Source]:
     items = [p if isinstance(p, Source) else Source(p) for p in paths]
     if not items:
         raise ValueError("a mixture needs at least one source")
+    if len(items) >= 1 << (63 - SOURCE_BITS):
+        raise ValueError(f"a mixture of {len(items)} sources: at most "
+                         f"{(1 << (63 - SOURCE_BITS)) - 1}")
     if weights is not None:
         if len(weights) != len(items):
             raise ValueError(f"{len(weights)} weights for {len(items)} sources")

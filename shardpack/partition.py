@@ -22,6 +22,7 @@ running a loader.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -52,7 +53,9 @@ def _rng(*key: int) -> np.random.Generator:
 def epoch_order(shard_sizes: Sequence[int], *, seed: int = 0, epoch: int = 0,
                 shuffle: bool = True, block_size: int = 256, window: int = 4096,
                 spans: int = 1, partial: str = "pad") -> np.ndarray:
-    """The global sample order of one epoch (int64 ids, a permutation of range(N)).
+    """The global sample order of one epoch (int64 ids, a permutation of range(N)): the whole
+    of :class:`EpochOrder`.  The loader never builds it (each process computes its own
+    :func:`share`); it is the reference the tests hold ``share`` to.
 
     ``spans`` > 1 (shard affinity: ``spans`` = the world size): the shards are shuffled and laid
     end to end, that sequence is cut where :func:`rank_split` will cut the order (``partial``
@@ -60,62 +63,120 @@ def epoch_order(shard_sizes: Sequence[int], *, seed: int = 0, epoch: int = 0,
     reads the shards of its own span (and at most the two it shares with its neighbours, plus
     the few padding repeats), so a job of W ranks fetches the dataset about once an epoch, not
     W times.  ``spans == 1`` shuffles blocks across the whole dataset."""
-    sizes = np.asarray(shard_sizes, dtype=np.int64)
-    total = int(sizes.sum())
-    if not shuffle or total == 0:
-        return np.arange(total, dtype=np.int64)
-    if block_size < 1 or window < 1 or spans < 1:
-        raise ValueError(f"block_size, window and spans must be >= 1, got {block_size}, "
-                         f"{window}, {spans}")
-    rng = _rng(seed, epoch, 0x5348)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    if spans == 1:
-        return _shuffled(starts, sizes, rng, block_size, window)
-    # shards in a random order, then runs of consecutive ids cut at the span boundaries
-    perm = rng.permutation(len(sizes))
-    run_starts, run_sizes = starts[perm], sizes[perm]
-    per = -(-total // spans) if partial == "pad" else total // spans
-    cuts = [min(total, per * k) for k in range(1, spans)] if per else []
-    order = np.empty(total, dtype=np.int64)
+    order = EpochOrder(shard_sizes, seed=seed, epoch=epoch, shuffle=shuffle,
+                       block_size=block_size, window=window, spans=spans, partial=partial)
+    return order.at(np.arange(order.n, dtype=np.int64))
+
+
+class EpochOrder:
+    """An epoch's order, computed at the positions asked for, not as a whole.
+
+    Shards are cut into blocks of ``block_size`` consecutive samples (never across shards); with
+    ``spans`` > 1 the shards are first shuffled and laid end to end and the sequence cut into
+    spans (see :func:`epoch_order`).  In each span the blocks are permuted, and the span is cut
+    into windows of ``window`` positions, each shuffled on its own.  Every random draw has its own
+    key (seed, epoch, span, window): the order at a position needs that position's window's
+    permutation and the span's block permutation, nothing else.  So a process pays for the
+    windows it reads (O(window) each) and for one block table of its spans (N / block_size
+    entries at most), not for N."""
+
+    def __init__(self, shard_sizes: Sequence[int], *, seed: int = 0, epoch: int = 0,
+                 shuffle: bool = True, block_size: int = 256, window: int = 4096,
+                 spans: int = 1, partial: str = "pad"):
+        sizes = np.asarray(shard_sizes, dtype=np.int64)
+        self.n = int(sizes.sum())
+        self.seed, self.epoch, self.window, self.block_size = seed, epoch, window, block_size
+        self.shuffled = bool(shuffle) and self.n > 0
+        if not self.shuffled:
+            return
+        if block_size < 1 or window < 1 or spans < 1:
+            raise ValueError(f"block_size, window and spans must be >= 1, got {block_size}, "
+                             f"{window}, {spans}")
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        if spans == 1:
+            self.cuts = np.array([0, self.n], dtype=np.int64)
+            self.runs = [(starts, sizes)]
+        else:  # shards in a random order, then runs of consecutive ids cut at the span ends
+            perm = _rng(seed, epoch, 0x5348).permutation(len(sizes))
+            per = -(-self.n // spans) if partial == "pad" else self.n // spans
+            self.cuts = np.array([0] + [min(self.n, per * k) for k in range(1, spans)]
+                                 + [self.n], dtype=np.int64)
+            self.runs = _cut_runs(starts[perm], sizes[perm], self.cuts)
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _span_blocks(self, span: int) -> tuple[np.ndarray, np.ndarray]:
+        """(first id of each block, cumulative lengths) in the span's permuted block order."""
+        cached = self._blocks.get(span)
+        if cached is None:
+            starts, sizes = self.runs[span]
+            keep = sizes > 0
+            starts, sizes = starts[keep], sizes[keep]
+            bs = self.block_size
+            counts = -(-sizes // bs)
+            first = np.repeat(starts, counts) + bs * (np.arange(int(counts.sum()))
+                                                      - np.repeat(np.cumsum(counts) - counts,
+                                                                  counts))
+            lengths = np.minimum(bs, np.repeat(starts + sizes, counts) - first)
+            perm = _rng(self.seed, self.epoch, 0x424C, span).permutation(len(first))
+            cached = self._blocks[span] = (first[perm], np.cumsum(lengths[perm]))
+        return cached
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """The sample ids at ``positions`` of the order (int64, any order, repeats allowed)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if not self.shuffled:
+            return positions.copy()
+        out = np.empty(len(positions), dtype=np.int64)
+        span = np.searchsorted(self.cuts, positions, side="right") - 1
+        for k in np.unique(span).tolist():
+            sel = np.flatnonzero(span == k) if len(self.cuts) > 2 else \
+                np.arange(len(positions))
+            rel = positions[sel] - self.cuts[k]
+            size = int(self.cuts[k + 1] - self.cuts[k])
+            pre = self._unshuffle_windows(k, rel, size)
+            first, cum = self._span_blocks(k)
+            block = np.searchsorted(cum, pre, side="right")
+            out[sel] = first[block] + pre - np.where(block > 0, cum[block - 1], 0)
+        return out
+
+    def _unshuffle_windows(self, span: int, rel: np.ndarray, size: int) -> np.ndarray:
+        """Where each position of the span was before its window was shuffled."""
+        w = self.window
+        if w <= 1:
+            return rel
+        which = rel // w
+        order = np.argsort(which, kind="stable")
+        sorted_which = which[order]
+        heads = np.flatnonzero(np.r_[True, sorted_which[1:] != sorted_which[:-1]])
+        pre = np.empty_like(rel)
+        for lo, hi in zip(heads.tolist(), heads[1:].tolist() + [len(order)], strict=True):
+            win = int(sorted_which[lo])
+            length = min(w, size - win * w)
+            perm = _rng(self.seed, self.epoch, 0x5749, span, win).permutation(length)
+            idx = order[lo:hi]
+            pre[idx] = win * w + perm[rel[idx] - win * w]
+        return pre
+
+
+def _cut_runs(run_starts: np.ndarray, run_sizes: np.ndarray,
+              cuts: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The runs (pieces of shards, in order) between each pair of sequence positions ``cuts``."""
     ends = np.cumsum(run_sizes)
-    lo = 0
-    for hi in cuts + [total]:
-        if hi > lo:  # the runs (pieces of shards) between sequence positions lo and hi
-            first = int(np.searchsorted(ends, lo, side="right"))
-            last = int(np.searchsorted(ends, hi, side="left"))
-            piece_starts = run_starts[first:last + 1].copy()
-            piece_sizes = run_sizes[first:last + 1].copy()
-            head = lo - (int(ends[first - 1]) if first else 0)  # samples of the first run
-            piece_starts[0] += head                           # before this span
-            piece_sizes[0] -= head
-            piece_sizes[-1] -= int(ends[last]) - hi if last < len(ends) else 0
-            keep = piece_sizes > 0
-            order[lo:hi] = _shuffled(piece_starts[keep], piece_sizes[keep], rng, block_size,
-                                     window)
-        lo = hi
-    return order
-
-
-def _shuffled(starts: np.ndarray, sizes: np.ndarray, rng, block_size: int,
-              window: int) -> np.ndarray:
-    """Ids of the runs ``starts[i] .. starts[i] + sizes[i]``, cut into blocks (never across
-    runs), blocks permuted, then each window of ``window`` shuffled on its own."""
-    total = int(sizes.sum())
-    block_starts = np.concatenate([s + np.arange(0, n, block_size)
-                                   for s, n in zip(starts, sizes, strict=True) if n > 0])
-    block_ends = np.minimum(block_starts + block_size,
-                            np.repeat(starts + sizes, [-(-n // block_size) for n in sizes]))
-    perm = rng.permutation(len(block_starts))
-    lengths = (block_ends - block_starts)[perm]
-    firsts = block_starts[perm]
-    # expand blocks to sample ids without a Python loop
-    offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    order = np.repeat(firsts, lengths) + offsets
-    if window > 1:  # each window shuffled on its own (cheaper than sorting random keys)
-        full = total // window * window
-        order[:full] = rng.permuted(order[:full].reshape(-1, window), axis=1).ravel()
-        order[full:] = rng.permutation(order[full:])
-    return order
+    out = []
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+        if hi <= lo:
+            out.append((np.zeros(0, np.int64), np.zeros(0, np.int64)))
+            continue
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(ends, hi, side="left"))
+        piece_starts = run_starts[first:last + 1].copy()
+        piece_sizes = run_sizes[first:last + 1].copy()
+        head = lo - (int(ends[first - 1]) if first else 0)  # samples of the first run before
+        piece_starts[0] += head                             # this span
+        piece_sizes[0] -= head
+        piece_sizes[-1] -= int(ends[last]) - hi if last < len(ends) else 0
+        out.append((piece_starts, piece_sizes))
+    return out
 
 
 def rank_split(order: np.ndarray, world: int, rank: int, partial: str = "pad",
@@ -180,6 +241,149 @@ def resume_sequences(order: np.ndarray, history: Sequence[tuple[int, int]], worl
     return shares
 
 
+# -- one process's share, without the whole epoch --------------------------------------------------
+
+def share(shard_sizes: Sequence[int], *, seed: int = 0, epoch: int = 0, world: int = 1,
+          rank: int = 0, num_workers: int = 1, worker: int = 0, batch_size: int = 1,
+          partial: str = "pad", shuffle: bool = True, block_size: int = 256,
+          window: int = 4096, spans: int = 1,
+          history: Sequence[tuple[int, int]] = ()) -> Share:
+    """This DataLoader worker's samples of the epoch: what
+    ``worker_split(resume_sequences(epoch_order(...), history, world, partial)[rank], ...)``
+    gives, at a cost that follows the share, not the epoch.
+
+    The rank, resume and worker steps work on ranges of order positions (a rank's share is a
+    range; a resume at another world size concatenates what each rank had left and cuts it
+    again; a worker takes every ``num_workers``-th batch): O(world x resume steps) ranges, then
+    O(this worker's samples) positions.  Only those positions become sample ids
+    (:meth:`EpochOrder.at`): their windows' permutations and the block table of the spans they
+    fall in.  ``spans`` as for :func:`epoch_order` (shard affinity: the world size the epoch
+    started with)."""
+    if partial not in PARTIAL_POLICIES:
+        raise ValueError(f"partial must be one of {PARTIAL_POLICIES}, got {partial!r}")
+    n = int(np.sum(np.asarray(shard_sizes, dtype=np.int64)))
+    seqs, dropped = _resumed(n, history, world, partial)
+    if not 0 <= rank < len(seqs):
+        raise ValueError(f"rank {rank} out of range for world size {world}")
+    mine = seqs[rank]
+    if num_workers > 1:
+        if not 0 <= worker < num_workers:
+            raise ValueError(f"worker {worker} out of range for {num_workers} workers")
+        mine = _every_nth_batch(mine, num_workers, worker, max(1, batch_size))
+    positions, repeat = _expand(mine)
+    order = EpochOrder(shard_sizes, seed=seed, epoch=epoch, shuffle=shuffle,
+                       block_size=block_size, window=window, spans=spans, partial=partial)
+    return Share(order.at(positions), repeat, dropped)
+
+
+# A sequence of order positions as ranges: a list of (start, stop, repeat) with 0 <= start < stop
+# <= n; "repeat" marks padding (positions served a second time).
+
+def _split(seq: list, world: int, rank: int, partial: str) -> tuple[list, int]:
+    """rank_split on a range sequence: (this rank's ranges, samples dropped)."""
+    total = sum(b - a for a, b, _ in seq)
+    if partial == "drop":
+        per, dropped = total // world, total - total // world * world
+    else:
+        per, dropped = -(-total // world), 0
+        missing = per * world - total
+        if missing:  # padding: the sequence's first samples again, flagged
+            fill = []
+            while missing > 0 and total:
+                head = _slice(seq, 0, min(missing, total))
+                fill += [(a, b, True) for a, b, _ in head]
+                missing -= min(missing, total)
+            seq = seq + fill
+    return _slice(seq, rank * per, (rank + 1) * per), dropped
+
+
+def _slice(seq: list, lo: int, hi: int) -> list:
+    out, pos = [], 0
+    for a, b, rep in seq:
+        length = b - a
+        s, e = max(lo, pos), min(hi, pos + length)
+        if s < e:
+            out.append((a + s - pos, a + e - pos, rep))
+        pos += length
+        if pos >= hi:
+            break
+    return out
+
+
+def _minus(seq: list, taken: list) -> list:
+    """``seq`` without the positions of the ranges ``taken`` (sorted, merged)."""
+    out = []
+    for a, b, rep in seq:
+        cur = a
+        i = bisect.bisect_right(taken, (cur, float("inf"))) - 1
+        i = max(i, 0)
+        while cur < b and i < len(taken):
+            ta, tb = taken[i]
+            if tb <= cur:
+                i += 1
+                continue
+            if ta >= b:
+                break
+            if ta > cur:
+                out.append((cur, ta, rep))
+            cur = max(cur, tb)
+            i += 1
+        if cur < b:
+            out.append((cur, b, rep))
+    return out
+
+
+def _merged(ranges: list) -> list:
+    out: list = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _resumed(n: int, history: Sequence[tuple[int, int]], world: int,
+             partial: str) -> tuple[list, int]:
+    """Every rank's ranges after ``history``: resume_sequences on ranges."""
+    first = history[0][0] if history else world
+    whole = [(0, n, False)] if n else []
+    split = [_split(whole, first, r, partial) for r in range(first)]
+    seqs, dropped = [s for s, _ in split], split[0][1] if split else 0
+    for i, (w, k) in enumerate(history):
+        if len(seqs) != w:
+            raise ValueError(f"resume history step {i} has world {w}, but {len(seqs)} shares")
+        rest = [_slice(s, k, 1 << 62) for s in seqs]
+        next_world = history[i + 1][0] if i + 1 < len(history) else world
+        if next_world == w:
+            seqs = rest
+            continue
+        consumed = _merged([(a, b) for s in seqs for a, b, _ in _slice(s, 0, k)])
+        left = _minus([r for s in rest for r in s if not r[2]], consumed)
+        split = [_split(left, next_world, r, partial) for r in range(next_world)]
+        seqs, dropped = [s for s, _ in split], split[0][1] if split else 0
+    return seqs, dropped
+
+
+def _every_nth_batch(seq: list, num_workers: int, worker: int, batch_size: int) -> list:
+    total = sum(b - a for a, b, _ in seq)
+    out = []
+    for lo in range(worker * batch_size, total, num_workers * batch_size):
+        out += _slice(seq, lo, lo + batch_size)
+    return out
+
+
+def _expand(seq: list) -> tuple[np.ndarray, np.ndarray]:
+    if not seq:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    starts = np.array([a for a, _, _ in seq], dtype=np.int64)
+    lengths = np.array([b - a for a, b, _ in seq], dtype=np.int64)
+    reps = np.array([r for _, _, r in seq], dtype=bool)
+    offsets = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(starts, lengths) + offsets, np.repeat(reps, lengths)
+
+
 # -- mixtures (docs/mixing.md) ---------------------------------------------------------------------
 
 def allot(sizes: Sequence[int], weights: Sequence[float | None], fixed: Sequence[int | None],
@@ -188,20 +392,31 @@ def allot(sizes: Sequence[int], weights: Sequence[float | None], fixed: Sequence
 
     Sources with a ``fixed`` count (``Source(repeat=...)`` / ``Source(samples=...)``) take it;
     the rest of ``epoch_size`` (default: the fixed counts plus the other sources' sizes) is shared
-    by ``weights``, rounded by largest remainder (ties to the lower source), so the counts add up
-    to ``epoch_size`` exactly and each is within 1 of its share."""
+    by ``weights`` (none given: by the sources' sizes), rounded by largest remainder (ties to
+    the lower source), so the counts add up to ``epoch_size`` exactly and each is within 1 of
+    its share."""
     n = len(sizes)
     if not (len(weights) == len(fixed) == n):
         raise ValueError("sizes, weights and fixed must have one entry per source")
     counts = [int(f) if f is not None else 0 for f in fixed]
     free = [i for i in range(n) if fixed[i] is None]
+    if epoch_size is not None and (not isinstance(epoch_size, (int, np.integer)) or
+                                   epoch_size < 0):
+        raise ValueError(f"epoch_size must be a whole number >= 0, got {epoch_size!r}")
     if epoch_size is None:
         epoch_size = sum(counts) + sum(int(sizes[i]) for i in free)
     rest = epoch_size - sum(counts)
     if rest < 0:
         raise ValueError(f"epoch_size {epoch_size} is smaller than the fixed sources' "
                          f"{sum(counts)} samples")
-    w = np.array([1.0 if weights[i] is None else float(weights[i]) for i in free])
+    given = [weights[i] is not None for i in free]
+    if any(given) and not all(given):
+        raise ValueError("some sources have a weight and others none: give every source "
+                         "without a fixed count a weight (or none of them: each once)")
+    # no weights at all: each source by its size, so an epoch takes each sample once
+    w = np.array([float(sizes[i]) if weights[i] is None else float(weights[i]) for i in free])
+    if not np.all(np.isfinite(w)):
+        raise ValueError(f"weights must be finite, got {[weights[i] for i in free]}")
     if rest and (not free or w.sum() <= 0):
         raise ValueError(f"epoch_size {epoch_size} leaves {rest} samples but no source has a "
                          "weight to take them")

@@ -310,7 +310,10 @@ def make_cells(reader: DatasetReader, samples: list, opts: PreviewOptions) -> li
 def _font(size: int):
     from PIL import ImageFont
 
-    return ImageFont.load_default(size=size)
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow 10.0: one size only
+        return ImageFont.load_default()
 
 
 def _fit(text: str, font, width: int, keep_end: bool = False) -> str:

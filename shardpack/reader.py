@@ -25,6 +25,8 @@ from .storage import Storage
 UNPARSED = np.iinfo(np.int64).min  # a label not parsed yet (label_memo)
 
 
+MAX_INDEXES = 256  # parsed shard indexes a process keeps (docs/scale.md)
+
 class DatasetReader:
     """A dataset's manifest, its shard indexes (loaded when first needed, checked against the
     manifest), and its samples' bytes, each checked against its index hash once per process.
@@ -78,7 +80,9 @@ class DatasetReader:
         return self.access.open_limit
 
     def _init_process_state(self) -> None:
-        self._indexes: dict[int, fmt.ShardIndex] = {}
+        # at most MAX_INDEXES parsed indexes per process, least recently used out (with what
+        # was memoised for their shards): a billion-sample dataset has 10^5 of them
+        self._indexes: OrderedDict[int, fmt.ShardIndex] = OrderedDict()
         self._buffers: OrderedDict[int, tuple] = OrderedDict()  # shard -> (view, cache entry)
         self._pieces: dict[tuple, bytes] = {}  # (shard, row) -> stored bytes, read once
         self.labels: dict[tuple, np.ndarray] = {}  # (shard, field) -> parsed labels (batches.py)
@@ -114,6 +118,7 @@ class DatasetReader:
         """The index of shard number ``shard``, checked against the manifest's size and hash."""
         cached = self._indexes.get(shard)
         if cached is not None:
+            self._indexes.move_to_end(shard)
             return cached
         entry = self.shards[shard]
         path = self.storage.display(entry.index)
@@ -130,6 +135,12 @@ class DatasetReader:
             raise IntegrityError("index disagrees with the manifest on sample count or shard "
                                  "size", path=path)
         self._indexes[shard] = index
+        while len(self._indexes) > MAX_INDEXES:
+            old, _ = self._indexes.popitem(last=False)
+            self.checked.pop(old, None)  # (its samples are checked again if read again)
+            self._copies.pop(old, None)
+            for key in [k for k in self.labels if k[0] == old]:
+                del self.labels[key]
         return index
 
     def locate(self, i: int) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from dataclasses import field as dataclass_field
 
 import numpy as np
 
-from .errors import DecodeError, ShardpackError
+from .errors import DecodeError, FormatError, ShardpackError
 from .images import check_image, is_image_field
 from .reader import DatasetReader, decode_sample
 
@@ -68,7 +68,7 @@ def require_plot() -> None:
 
 def save_figure(fig, path) -> None:
     try:
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, format="png")  # whatever the name ends with
     except OSError as exc:
         raise ShardpackError(f"cannot write the plot: {exc.strerror or exc}", path=str(path)) \
             from None
@@ -87,7 +87,7 @@ def fetch_samples(reader: DatasetReader, ids) -> list[dict | ShardpackError]:
         shards, rows = shards.tolist(), rows.tolist()
         spans = [(reader.shards[s].name, *reader.index(s).span(r))
                  for s, r in zip(shards, rows, strict=True)]
-        got = reader.storage.read_ranges(spans)
+        got = _read(reader, spans)
         for s, r, (_, start, _), data in zip(shards, rows, spans, got, strict=True):
             try:
                 reader.check_rows(s, np.array([r], dtype=np.int64), data, base=start, fresh=True)
@@ -95,6 +95,18 @@ def fetch_samples(reader: DatasetReader, ids) -> list[dict | ShardpackError]:
             except ShardpackError as exc:
                 out.append(exc)
     return out
+
+
+def _read(reader: DatasetReader, spans: list) -> list:
+    """Ranged reads; a shard shorter than its index says (truncated, or a remote read that kept
+    coming back short) is a one-line FormatError naming the shard."""
+    try:
+        return reader.storage.read_ranges(spans)
+    except ShardpackError:
+        raise
+    except OSError as exc:
+        raise FormatError(f"cannot read sample bytes: {exc}", path=reader.storage.url,
+                          hint="the shard may be truncated: run 'shardpack verify'") from None
 
 
 def image_field(names, field: str | None = None) -> str:
@@ -229,6 +241,12 @@ def imbalance(cc: ClassCounts, min_share: float) -> list[str]:
     counts = np.asarray(cc.counts, dtype=np.int64)
     where = " in the samples read" if cc.sampled else ""
     empty = [n for n, c in zip(cc.names, cc.counts, strict=True) if c == 0]
+    if cc.sampled and counts.sum() < 20 * max(1, len(cc.names)):
+        # a sample this small leaves classes empty or rare by chance: say so instead
+        out.append(f"{int(counts.sum()):,} samples read for {len(cc.names):,} classes: too few "
+                   "to judge balance (raise --sample)")
+        empty = []
+        counts = np.zeros(0, dtype=np.int64)
     if empty:
         out.append(f"{len(empty):,} of {len(cc.names):,} classes have no samples{where}: "
                    + _some(repr(n) for n in empty))
@@ -356,8 +374,8 @@ def _read_headers(reader, result: ImageSizes, wanted: list, limit: int, final: b
     retry = []
     for at in range(0, len(wanted), 4 * FETCH_CHUNK):
         part = wanted[at:at + 4 * FETCH_CHUNK]
-        got = reader.storage.read_ranges([(shard, start, start + min(size, limit))
-                                          for _, _, shard, start, size in part])
+        got = _read(reader, [(shard, start, start + min(size, limit))
+                             for _, _, shard, start, size in part])
         for item, data in zip(part, got, strict=True):
             whole = len(data) == item[4]
             if not _note_header(result, item[0], item[1], data, whole or final, whole):

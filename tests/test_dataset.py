@@ -425,15 +425,16 @@ def test_batched_reads_check_each_record(tmp_path, where):
     assert got == [["0", "1", "2", "3"]]
 
 
-def test_state_of_the_previous_order_version(packed):
+@pytest.mark.parametrize("version", [1, 2])
+def test_state_of_a_previous_order_version(packed, version):
     ds = ShardDataset(packed, batch_size=8)
-    state = {**ds.state_dict(samples_seen=16), "version": 1}
-    with pytest.raises(ValueError, match="expected 2, found 1"):
+    state = {**ds.state_dict(samples_seen=16), "version": version}
+    with pytest.raises(ValueError, match=f"expected 3, found {version}: .*unshuffled"):
         ShardDataset(packed, batch_size=8).load_state_dict(state)  # shuffled: orders differ
     plain = ShardDataset(packed, batch_size=8, shuffle=False)
-    old = {**plain.state_dict(samples_seen=16), "version": 1}
+    old = {**plain.state_dict(samples_seen=16), "version": version}
     fresh = ShardDataset(packed, batch_size=8, shuffle=False)
-    fresh.load_state_dict(old)  # unshuffled: the same order in both versions
+    fresh.load_state_dict(old)  # unshuffled: the same order in every version
     assert ids_of(fresh) == list(range(16, N))
 
 
@@ -466,3 +467,16 @@ def test_copies_have_their_own_epoch_and_a_pickled_reader_one_shard_list(packed)
     reader = pickle.loads(pickle.dumps(ds.reader))
     assert reader.shards is reader.manifest.shards  # one list of entries, not two
     assert reader.manifest == ds.reader.manifest
+
+
+def test_a_process_keeps_a_bounded_number_of_indexes(packed, monkeypatch):
+    from shardpack import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "MAX_INDEXES", 2)
+    ds = ShardDataset(packed, shuffle=True, seed=3, batch_size=4, batched=True)
+    assert len(ds.reader.shards) > 2
+    seen = []
+    for batch in ds:
+        seen += batch["__index__"].tolist()
+        assert len(ds.reader._indexes) <= 2
+    assert sorted(seen) == list(range(N))

@@ -304,3 +304,36 @@ def test_bench_command_takes_a_mixture(two):
     assert bad.exit_code == 2 and "for a mixture" in bad.output
     bad = run_cli("bench", a, b, "--weights", "1,x", "-q", ok=None)
     assert bad.exit_code == 2 and "give numbers" in bad.output
+
+
+def test_default_shares_take_each_sample_once_and_bad_shares_are_one_line(two):
+    a, b = two
+    ds = ShardDataset([a, b], seed=1)  # no weights: each source by its size
+    assert len(ds) == 40 and Counter(s["__source__"] for s in ds) == {0: 30, 1: 10}
+    assert P.allot([30, 10], [None, None], [None, None]) == [30, 10]
+    for kwargs, message in ((dict(weights=[float("inf"), 1]), "finite"),
+                            (dict(epoch_size=10.5), "whole number"),
+                            (dict(epoch_size=-5), "whole number")):
+        with pytest.raises(ValueError, match=message):
+            ShardDataset([a, b], **kwargs)
+    with pytest.raises(ValueError, match="some sources have a weight and others none"):
+        ShardDataset([Source(a, weight=2), b])
+    with pytest.raises(ValueError, match="samples must be a whole number"):
+        Source(a, samples=2.7)
+
+
+def test_a_label_field_in_some_sources_only_is_refused_at_construction(two, tmp_path):
+    a, _ = two
+    flat = make_tree(tmp_path / "flat", {f"{i:03d}.jpg": os.urandom(60) for i in range(10)})
+    shardpack.pack(flat, tmp_path / "C", workers=1, check="none")
+    with pytest.raises(ValueError, match=r"source 1 \(.*C\) has no label field 'cls'"):
+        ShardDataset([a, tmp_path / "C"], batch_size=4, batched=True)
+    ds = ShardDataset([a, tmp_path / "C"], fields=["jpg"], batch_size=4, batched=True)
+    assert sum(len(b["__index__"]) for b in ds) == 40  # without the label: every sample
+
+
+def test_the_decode_check_looks_at_the_fields_kept(two):
+    a, b = two
+    with pytest.raises(ValueError, match=r"source 1 \(.*B\) has no image field"):
+        ShardDataset([a, b], fields=["jpg", "cls"], batch_size=4, batched=True,
+                     decode=shardpack.CpuDecode(16))

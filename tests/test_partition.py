@@ -158,3 +158,56 @@ def test_bad_arguments():
         P.rank_split(np.arange(3), 2, 0, "wrap")
     with pytest.raises(ValueError, match="rank 2"):
         P.rank_split(np.arange(3), 2, 2)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_share_equals_the_full_computation(seed):
+    """share() (ranges of positions, only this worker's ids) against epoch_order +
+    resume_sequences + worker_split on small N: the same ids, repeats and drops, for random
+    shard sizes, worlds, workers, batch sizes, partial policies, block and window sizes, shard
+    affinity, and resume histories of one or two steps at other world sizes."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 30, size=rng.integers(1, 6)).tolist()
+    n = sum(sizes)
+    world, workers, batch = (int(x) for x in rng.integers(1, [7, 5, 6]))
+    partial = ["pad", "drop"][seed % 2]
+    history = []
+    if rng.random() < 0.6:
+        w0 = world if rng.random() < 0.4 else int(rng.integers(1, 6))
+        history.append((w0, int(rng.integers(0, max(1, n // w0) + 1))))
+        if rng.random() < 0.5:
+            w1 = int(rng.integers(1, 6))
+            history.append((w1, int(rng.integers(0, max(1, n // w1 // 2) + 1))))
+    spans = (history[0][0] if history else world) if seed % 3 else 1
+    kw = dict(seed=seed, epoch=seed % 4, block_size=int(rng.integers(1, 7)),
+              window=int(rng.integers(1, 10)), shuffle=seed % 11 != 0)
+    order = P.epoch_order(sizes, spans=spans, partial=partial, **kw)
+    try:
+        ranks = P.resume_sequences(order, history, world, partial)
+    except ValueError:  # a history that could not have happened (k past the share)
+        return
+    seen = []
+    for r in range(world):
+        for w in range(workers):
+            want = P.worker_split(ranks[r], workers, w, batch)
+            got = P.share(sizes, world=world, rank=r, num_workers=workers, worker=w,
+                          batch_size=batch, partial=partial, spans=spans, history=history, **kw)
+            assert got.ids.tolist() == want.ids.tolist()
+            assert got.repeat.tolist() == want.repeat.tolist() and got.dropped == want.dropped
+            seen += got.ids[~got.repeat].tolist()
+        assert len({len(P.share(sizes, world=world, rank=q, partial=partial, spans=spans,
+                                history=history, **kw)) for q in range(world)}) == 1
+    if not history:  # the union over all (rank, worker) shares: each sample once (+ padding)
+        want = n if partial == "pad" else n // world * world
+        assert len(seen) == len(set(seen)) == want
+
+
+def test_each_window_and_span_draws_on_its_own_key():
+    """The order at a position needs only its window's permutation and its span's blocks: the
+    same positions computed alone or with the rest of the epoch agree."""
+    sizes = [300, 257, 1000, 3]
+    for spans in (1, 3):
+        whole = P.epoch_order(sizes, seed=5, epoch=2, block_size=16, window=64, spans=spans)
+        order = P.EpochOrder(sizes, seed=5, epoch=2, block_size=16, window=64, spans=spans)
+        picks = np.array([1559, 0, 700, 701, 64, 1558, 63])
+        assert order.at(picks).tolist() == whole[picks].tolist()

@@ -321,3 +321,17 @@ def test_timeline_rates_and_waits():
     assert line.rates(1).tolist() == [10.0, 20.0, 20.0, 20.0]
     assert line.rates(2).tolist() == [10.0, 20.0 / 1.5, 20.0, 20.0]
     assert "p50 20.0 ms" in line.wait_line() and "(500 ms)" in line.wait_line()
+
+
+def test_a_truncated_shard_is_one_line_not_a_traceback(tmp_path):
+    src = make_tree(tmp_path / "src", {f"c{i % 2}/{i:02d}.jpg": _photo(i, 60, 40)
+                                       for i in range(12)})
+    shardpack.pack(src, tmp_path / "ds", workers=1)
+    shard = sorted((tmp_path / "ds").glob("*.tar"))[0]
+    shard.write_bytes(shard.read_bytes()[:2000])
+    for args in (["preview", tmp_path / "ds", "--out", tmp_path / "s.png", "--first"],
+                 ["info", tmp_path / "ds", "--stats"]):
+        result = run_cli(*args, ok=None)
+        assert result.exit_code == 2, result.output
+        lines = [ln for ln in result.output.splitlines() if ln.startswith("shardpack: error")]
+        assert len(lines) == 1 and "Traceback" not in result.output, result.output
