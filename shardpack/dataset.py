@@ -212,12 +212,14 @@ class ShardDataset(IterableDataset):
         # per span and window, so a process computes its own share alone); unshuffled orders
         # are the same in all of them
         unshuffled = not state.get("shuffle")
-        if state.get("version") != STATE_VERSION and not (state.get("version") in (1, 2) and
-                                                          unshuffled):
+        version = state.get("version")
+        if version != STATE_VERSION and not (version in (1, 2) and unshuffled):
+            why = ("states of order versions 1 and 2 resume only unshuffled epochs: do not load "
+                   "this one; start the epoch from its beginning, or finish it with the shardpack "
+                   "that saved it") if version in (1, 2) else \
+                "saved by another shardpack (or not a ShardDataset state)"
             raise ValueError(f"unsupported state version: expected {STATE_VERSION}, found "
-                             f"{state.get('version')!r}: states from before order version 3 "
-                             "resume only unshuffled epochs; start the epoch again (set_epoch) "
-                             "or finish it with the shardpack that saved it")
+                             f"{version!r}: {why}")
         mix = None if self._mix is None else \
             [[sum(sizes), count] for sizes, count in zip(*self._mix, strict=True)]
         if state.get("mix") != mix:

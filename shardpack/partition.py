@@ -128,9 +128,7 @@ class EpochOrder:
             return positions.copy()
         out = np.empty(len(positions), dtype=np.int64)
         span = np.searchsorted(self.cuts, positions, side="right") - 1
-        for k in np.unique(span).tolist():
-            sel = np.flatnonzero(span == k) if len(self.cuts) > 2 else \
-                np.arange(len(positions))
+        for k, sel in _groups(span):
             rel = positions[sel] - self.cuts[k]
             size = int(self.cuts[k + 1] - self.cuts[k])
             pre = self._unshuffle_windows(k, rel, size)
@@ -144,18 +142,26 @@ class EpochOrder:
         w = self.window
         if w <= 1:
             return rel
-        which = rel // w
-        order = np.argsort(which, kind="stable")
-        sorted_which = which[order]
-        heads = np.flatnonzero(np.r_[True, sorted_which[1:] != sorted_which[:-1]])
         pre = np.empty_like(rel)
-        for lo, hi in zip(heads.tolist(), heads[1:].tolist() + [len(order)], strict=True):
-            win = int(sorted_which[lo])
+        for win, idx in _groups(rel // w):
             length = min(w, size - win * w)
             perm = _rng(self.seed, self.epoch, 0x5749, span, win).permutation(length)
-            idx = order[lo:hi]
             pre[idx] = win * w + perm[rel[idx] - win * w]
         return pre
+
+
+def _groups(values: np.ndarray):
+    """(value, the indices holding it) for each distinct value, in one sort."""
+    if not len(values):
+        return
+    if values[0] == values[-1] and (values == values[0]).all():
+        yield int(values[0]), np.arange(len(values))
+        return
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    heads = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    for lo, hi in zip(heads.tolist(), heads[1:].tolist() + [len(order)], strict=True):
+        yield int(ordered[lo]), order[lo:hi]
 
 
 def _cut_runs(run_starts: np.ndarray, run_sizes: np.ndarray,
@@ -262,10 +268,7 @@ def share(shard_sizes: Sequence[int], *, seed: int = 0, epoch: int = 0, world: i
     if partial not in PARTIAL_POLICIES:
         raise ValueError(f"partial must be one of {PARTIAL_POLICIES}, got {partial!r}")
     n = int(np.sum(np.asarray(shard_sizes, dtype=np.int64)))
-    seqs, dropped = _resumed(n, history, world, partial)
-    if not 0 <= rank < len(seqs):
-        raise ValueError(f"rank {rank} out of range for world size {world}")
-    mine = seqs[rank]
+    mine, dropped = _resumed(n, history, world, partial, rank)
     if num_workers > 1:
         if not 0 <= worker < num_workers:
             raise ValueError(f"worker {worker} out of range for {num_workers} workers")
@@ -277,46 +280,69 @@ def share(shard_sizes: Sequence[int], *, seed: int = 0, epoch: int = 0, world: i
 
 
 # A sequence of order positions as ranges: a list of (start, stop, repeat) with 0 <= start < stop
-# <= n; "repeat" marks padding (positions served a second time).
+# <= n; "repeat" marks padding (positions served a second time).  Slices use the cumulative
+# lengths (bisect), so a rank or a batch costs O(log ranges + its own ranges).
 
-def _split(seq: list, world: int, rank: int, partial: str) -> tuple[list, int]:
-    """rank_split on a range sequence: (this rank's ranges, samples dropped)."""
-    total = sum(b - a for a, b, _ in seq)
-    if partial == "drop":
-        per, dropped = total // world, total - total // world * world
-    else:
-        per, dropped = -(-total // world), 0
-        missing = per * world - total
-        if missing:  # padding: the sequence's first samples again, flagged
-            fill = []
-            while missing > 0 and total:
-                head = _slice(seq, 0, min(missing, total))
-                fill += [(a, b, True) for a, b, _ in head]
-                missing -= min(missing, total)
-            seq = seq + fill
-    return _slice(seq, rank * per, (rank + 1) * per), dropped
+@dataclass(frozen=True)
+class _Layout:
+    """A sequence cut for ``world`` ranks: the padded sequence, its cumulative lengths, the
+    samples per rank, and those dropped."""
+
+    seq: list
+    cum: list
+    per: int
+    dropped: int
+
+    def part(self, lo: int, hi: int) -> list:
+        return _slice(self.seq, self.cum, lo, hi)
 
 
-def _slice(seq: list, lo: int, hi: int) -> list:
-    out, pos = [], 0
-    for a, b, rep in seq:
-        length = b - a
-        s, e = max(lo, pos), min(hi, pos + length)
-        if s < e:
-            out.append((a + s - pos, a + e - pos, rep))
-        pos += length
-        if pos >= hi:
-            break
+def _cumulative(seq: list) -> list:
+    out, total = [0], 0
+    for a, b, _ in seq:
+        total += b - a
+        out.append(total)
     return out
+
+
+def _slice(seq: list, cum: list, lo: int, hi: int) -> list:
+    out = []
+    i = max(0, bisect.bisect_right(cum, lo) - 1)
+    while i < len(seq) and cum[i] < hi:
+        a, b, rep = seq[i]
+        s, e = max(lo, cum[i]), min(hi, cum[i + 1])
+        if s < e:
+            out.append((a + s - cum[i], a + e - cum[i], rep))
+        i += 1
+    return out
+
+
+def _layout(seq: list, world: int, partial: str) -> _Layout:
+    """rank_split's cut of a range sequence, for every rank at once."""
+    cum = _cumulative(seq)
+    total = cum[-1]
+    if partial == "drop":
+        return _Layout(seq, cum, total // world, total - total // world * world)
+    per = -(-total // world)
+    missing = per * world - total
+    if missing and total:  # padding: the sequence's first samples again, flagged
+        fill = []
+        while missing > 0:
+            take = min(missing, total)
+            fill += [(a, b, True) for a, b, _ in _slice(seq, cum, 0, take)]
+            missing -= take
+        seq = seq + fill
+        cum = _cumulative(seq)
+    return _Layout(seq, cum, per, 0)
 
 
 def _minus(seq: list, taken: list) -> list:
     """``seq`` without the positions of the ranges ``taken`` (sorted, merged)."""
     out = []
+    starts = [a for a, _ in taken]
     for a, b, rep in seq:
         cur = a
-        i = bisect.bisect_right(taken, (cur, float("inf"))) - 1
-        i = max(i, 0)
+        i = max(bisect.bisect_right(starts, cur) - 1, 0)
         while cur < b and i < len(taken):
             ta, tb = taken[i]
             if tb <= cur:
@@ -343,33 +369,40 @@ def _merged(ranges: list) -> list:
     return out
 
 
-def _resumed(n: int, history: Sequence[tuple[int, int]], world: int,
-             partial: str) -> tuple[list, int]:
-    """Every rank's ranges after ``history``: resume_sequences on ranges."""
+def _resumed(n: int, history: Sequence[tuple[int, int]], world: int, partial: str,
+             rank: int) -> tuple[list, int]:
+    """``rank``'s ranges after ``history`` (resume_sequences on ranges) and the samples dropped.
+    Each step costs O(world x log ranges + ranges): the ranks are slices of one layout."""
     first = history[0][0] if history else world
-    whole = [(0, n, False)] if n else []
-    split = [_split(whole, first, r, partial) for r in range(first)]
-    seqs, dropped = [s for s, _ in split], split[0][1] if split else 0
+    layout = _layout([(0, n, False)] if n else [], first, partial)
+    ranks, done = first, 0  # every rank has consumed its first `done` samples of the layout
     for i, (w, k) in enumerate(history):
-        if len(seqs) != w:
-            raise ValueError(f"resume history step {i} has world {w}, but {len(seqs)} shares")
-        rest = [_slice(s, k, 1 << 62) for s in seqs]
+        if ranks != w:
+            raise ValueError(f"resume history step {i} has world {w}, but {ranks} shares")
         next_world = history[i + 1][0] if i + 1 < len(history) else world
         if next_world == w:
-            seqs = rest
+            done += k
             continue
-        consumed = _merged([(a, b) for s in seqs for a, b, _ in _slice(s, 0, k)])
-        left = _minus([r for s in rest for r in s if not r[2]], consumed)
-        split = [_split(left, next_world, r, partial) for r in range(next_world)]
-        seqs, dropped = [s for s, _ in split], split[0][1] if split else 0
-    return seqs, dropped
+        per = layout.per
+        consumed = _merged([(a, b) for r in range(w)
+                            for a, b, _ in layout.part(r * per + done,
+                                                       min((r + 1) * per, r * per + done + k))])
+        left = [piece for r in range(w)
+                for piece in layout.part(r * per + min(per, done + k), (r + 1) * per)
+                if not piece[2]]
+        layout = _layout(_minus(left, consumed), next_world, partial)
+        ranks, done = next_world, 0
+    if not 0 <= rank < ranks:
+        raise ValueError(f"rank {rank} out of range for world size {world}")
+    per = layout.per
+    return layout.part(rank * per + min(per, done), (rank + 1) * per), layout.dropped
 
 
 def _every_nth_batch(seq: list, num_workers: int, worker: int, batch_size: int) -> list:
-    total = sum(b - a for a, b, _ in seq)
+    cum = _cumulative(seq)
     out = []
-    for lo in range(worker * batch_size, total, num_workers * batch_size):
-        out += _slice(seq, lo, lo + batch_size)
+    for lo in range(worker * batch_size, cum[-1], num_workers * batch_size):
+        out += _slice(seq, cum, lo, lo + batch_size)
     return out
 
 

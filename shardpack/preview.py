@@ -204,6 +204,7 @@ def collect(reader: DatasetReader, opts: PreviewOptions, dataset: str) -> tuple[
                              hint="'shardpack ls' lists the keys")
     ids = _order(pool, opts.n * SCAN_FACTOR if scan else opts.n, opts)
     if not scan:
+        load_indexes(reader, np.unique(reader.locate_many(ids)[0]))  # side by side, remote
         info = {"read": len(ids), "bytes": _span_bytes(reader, ids), "notes": []}
         if len(ids) < opts.n:
             info["notes"].append(f"only {len(ids):,} samples " + (

@@ -25,7 +25,7 @@ from .storage import Storage
 UNPARSED = np.iinfo(np.int64).min  # a label not parsed yet (label_memo)
 
 
-MAX_INDEXES = 256  # parsed shard indexes a process keeps (docs/scale.md)
+MAX_INDEXES = 512  # parsed shard indexes a process keeps (docs/scale.md)
 
 class DatasetReader:
     """A dataset's manifest, its shard indexes (loaded when first needed, checked against the
@@ -116,10 +116,11 @@ class DatasetReader:
 
     def index(self, shard: int) -> fmt.ShardIndex:
         """The index of shard number ``shard``, checked against the manifest's size and hash."""
-        cached = self._indexes.get(shard)
-        if cached is not None:
-            self._indexes.move_to_end(shard)
-            return cached
+        with self._lock:  # (prefetch threads load indexes too)
+            cached = self._indexes.get(shard)
+            if cached is not None:
+                self._indexes.move_to_end(shard)
+                return cached
         entry = self.shards[shard]
         path = self.storage.display(entry.index)
         data = self.access.index_bytes(shard)
@@ -134,14 +135,22 @@ class DatasetReader:
         if index.num_samples != entry.samples or index.shard_bytes != entry.bytes:
             raise IntegrityError("index disagrees with the manifest on sample count or shard "
                                  "size", path=path)
-        self._indexes[shard] = index
-        while len(self._indexes) > MAX_INDEXES:
-            old, _ = self._indexes.popitem(last=False)
+        with self._lock:
+            self._indexes[shard] = index
+            self._evict_indexes()
+        return index
+
+    def _evict_indexes(self) -> None:
+        """Least recently used indexes out, down to MAX_INDEXES, but never one of a shard whose
+        file is mapped now (a batch being gathered uses it), with what was memoised for their
+        shards.  Called with the lock held."""
+        over = len(self._indexes) - MAX_INDEXES
+        for old in [s for s in self._indexes if s not in self._buffers][:max(0, over)]:
+            del self._indexes[old]
             self.checked.pop(old, None)  # (its samples are checked again if read again)
             self._copies.pop(old, None)
-            for key in [k for k in self.labels if k[0] == old]:
-                del self.labels[key]
-        return index
+            for key in [k for k in list(self.labels) if k[0] == old]:
+                self.labels.pop(key, None)
 
     def locate(self, i: int) -> tuple[int, int]:
         if not 0 <= i < len(self):

@@ -155,9 +155,9 @@ def keys_carry_classes(reader: DatasetReader) -> bool:
     return m.layout == "imagefolder" and m.classes is not None
 
 
-def load_indexes(reader: DatasetReader) -> None:
-    """Every shard's index (remote ones side by side)."""
-    todo = range(len(reader.shards))
+def load_indexes(reader: DatasetReader, shards=None) -> None:
+    """The indexes of ``shards`` (default: every shard), remote ones side by side."""
+    todo = range(len(reader.shards)) if shards is None else [int(s) for s in shards]
     if reader.storage.local:
         for shard in todo:
             reader.index(shard)
