@@ -34,7 +34,7 @@ from .errors import DecodeError, ShardpackError
 from .images import decode_rgb
 from .reader import DatasetReader
 from .stats import (LABEL_FIELD, fetch_samples, human, image_field, keys_carry_classes,
-                    label_text, load_indexes)
+                    label_text, label_values, load_indexes)
 
 SCAN_FACTOR = 50       # class filter on labels inside samples: read at most N x this samples
 BORDER = 3             # a marked cell's red border, px
@@ -225,6 +225,11 @@ def _scan_class(reader: DatasetReader, ids: np.ndarray, candidates: int, opts: P
     for at in range(0, len(ids), step):
         part = ids[at:at + step]
         info["read"] += len(part)
+        labels = label_values(reader, part)
+        if labels is not None:  # choose by the label bytes alone, then read the chosen whole
+            part = part[[label_text(str(v).encode(), classes) == opts.class_name
+                         if v is not None else False for v in labels]]
+            part = part[:opts.n - len(kept)]
         info["bytes"] += _span_bytes(reader, part)
         for sample in fetch_samples(reader, part):
             if isinstance(sample, ShardpackError):

@@ -109,6 +109,30 @@ def _read(reader: DatasetReader, spans: list) -> list:
                           hint="the shard may be truncated: run 'shardpack verify'") from None
 
 
+def label_values(reader: DatasetReader, ids) -> list | None:
+    """The labels of samples ``ids`` from ranged reads of the label field alone (None for a
+    sample without one), or None where a shard is compressed (the field is not addressable
+    there: read whole samples).  For counting and choosing only: a sample's hash covers the whole
+    sample, so these bytes are not checked; what is shown is read whole and checked."""
+    shards, rows = reader.locate_many(ids)
+    load_indexes(reader, np.unique(shards))
+    spans, where = [], []
+    for k, (s, r) in enumerate(zip(shards.tolist(), rows.tolist(), strict=True)):
+        index = reader.index(s)
+        if index.compression != "none":
+            return None
+        if LABEL_FIELD not in index.field_spans:
+            continue
+        starts, sizes = index.field_spans[LABEL_FIELD]
+        if sizes[r]:
+            spans.append((reader.shards[s].name, int(starts[r]), int(starts[r] + sizes[r])))
+            where.append(k)
+    out: list = [None] * len(shards)
+    for k, data in zip(where, _read(reader, spans) if spans else [], strict=True):
+        out[k] = label_value(data)
+    return out
+
+
 def image_field(names, field: str | None = None) -> str:
     """The image field of a sample with fields ``names`` (non-empty ones), by the default
     decode's rule (shardpack/decode.py, ``CpuDecode(field=None)``): the one image field, or of
@@ -216,22 +240,28 @@ def class_counts(reader: DatasetReader, opts: StatsOptions) -> ClassCounts | Non
     ids = random_ids(total, opts.sample, opts.seed)
     values: Counter = Counter()
     bad = []
-    for sample in fetch_samples(reader, ids):
-        if isinstance(sample, ShardpackError):
-            bad.append(str(sample))
-        else:
-            raw = sample.get(LABEL_FIELD)
-            values[label_value(raw) if raw is not None else None] += 1
+    spans = label_values(reader, ids)
+    source = "labels"
+    if spans is not None:  # the label bytes alone: a few bytes a sample, not whole samples
+        values.update(spans)
+        source = "label-spans"
+    else:
+        for sample in fetch_samples(reader, ids):
+            if isinstance(sample, ShardpackError):
+                bad.append(str(sample))
+            else:
+                raw = sample.get(LABEL_FIELD)
+                values[label_value(raw) if raw is not None else None] += 1
     classes = m.classes
     if classes is not None:
         counts = [values.pop(i, 0) for i in range(len(classes))]
         outside = {("(no label)" if v is None else str(v)): n for v, n in values.items()}
-        return ClassCounts(list(classes), counts, len(ids) - len(bad), total, "labels",
+        return ClassCounts(list(classes), counts, len(ids) - len(bad), total, source,
                            outside, bad)
     missing = values.pop(None, 0)
     order = sorted(values, key=lambda v: (isinstance(v, str), v))
     return ClassCounts([str(v) for v in order], [values[v] for v in order],
-                       len(ids) - len(bad), total, "labels",
+                       len(ids) - len(bad), total, source,
                        {"(no label)": missing} if missing else {}, bad)
 
 
@@ -480,6 +510,9 @@ class DatasetStats:
 def _class_source(cc: ClassCounts) -> str:
     if cc.source == "keys":
         return f"all {cc.total:,} samples, class from each key's class folder"
+    if cc.source == "label-spans":
+        return (f"labels of a random {cc.read:,} of {cc.total:,} samples, read alone (a few "
+                "bytes each; not hash-checked: the hash covers the whole sample)")
     if cc.sampled:
         return f"labels of a random {cc.read:,} of {cc.total:,} samples (a sample)"
     return f"labels of all {cc.total:,} samples"
