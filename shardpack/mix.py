@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from .access import Burst
-from .reader import DatasetReader
+from .reader import DatasetReader, locate, locate_many
 
 SOURCE_BITS = 56  # fetch-ahead unit keys: the source in the top bits, its own key below
 
@@ -186,15 +186,10 @@ class MixReader:
         return reader.index(own)
 
     def locate(self, i: int) -> tuple[int, int]:
-        if not 0 <= i < len(self):
-            raise IndexError(f"sample {i} out of range for a mixture of {len(self)} samples")
-        shard = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        return shard, i - int(self.offsets[shard])
+        return locate(self.offsets, i, "a mixture")
 
     def locate_many(self, ids) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.asarray(ids, dtype=np.int64)
-        shards = np.searchsorted(self.offsets, ids, side="right") - 1
-        return shards, ids - self.offsets[shards]
+        return locate_many(self.offsets, ids)
 
     def shard_buffer(self, shard: int):
         reader, own = self._own(shard)

@@ -27,6 +27,21 @@ UNPARSED = np.iinfo(np.int64).min  # a label not parsed yet (label_memo)
 
 MAX_INDEXES = 512  # parsed shard indexes a process keeps (docs/scale.md)
 
+
+def locate(offsets: np.ndarray, i: int, what: str) -> tuple[int, int]:
+    """(shard, row in shard) of sample ``i``; ``offsets`` are the shards' first sample ids."""
+    if not 0 <= i < int(offsets[-1]):
+        raise IndexError(f"sample {i} out of range for {what} of {int(offsets[-1])} samples")
+    shard = int(np.searchsorted(offsets, i, side="right")) - 1
+    return shard, i - int(offsets[shard])
+
+
+def locate_many(offsets: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
+    """(shard, row in shard) of each sample id of ``ids`` (int64 arrays)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    shards = np.searchsorted(offsets, ids, side="right") - 1
+    return shards, ids - offsets[shards]
+
 class DatasetReader:
     """A dataset's manifest, its shard indexes (loaded when first needed, checked against the
     manifest), and its samples' bytes, each checked against its index hash once per process.
@@ -153,16 +168,10 @@ class DatasetReader:
                 self.labels.pop(key, None)
 
     def locate(self, i: int) -> tuple[int, int]:
-        if not 0 <= i < len(self):
-            raise IndexError(f"sample {i} out of range for a dataset of {len(self)} samples")
-        shard = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        return shard, i - int(self.offsets[shard])
+        return locate(self.offsets, i, "a dataset")
 
     def locate_many(self, ids) -> tuple[np.ndarray, np.ndarray]:
-        """(shard, row in shard) of each global sample id of ``ids`` (int64 arrays)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        shards = np.searchsorted(self.offsets, ids, side="right") - 1
-        return shards, ids - self.offsets[shards]
+        return locate_many(self.offsets, ids)
 
     def shard_buffer(self, shard: int) -> memoryview | None:
         """A read-only memory map of the shard (local file, or its verified copy in the cache),

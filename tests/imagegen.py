@@ -306,3 +306,14 @@ ALL_BROKEN: dict[str, tuple[bytes, str]] = {
     "truncated_bmp": (truncated(bmp()), "bmp"),
     "truncated_tiff": (truncated(tiff(8)), "tif"),
 }
+
+
+def ramp_photo(seed: int, w: int, h: int, fmt: str = "JPEG", mode: str = "RGB") -> bytes:
+    """Smooth colour ramps plus a little noise, like a photo: a decoded image has real variance,
+    and a crop or flip that is off shows (pure noise would make every resize differ)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * (seed + 2)) % 256, (y * 3) % 256, ((x + y) * 2) % 256], -1)
+    arr = np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype("uint8")
+    image = Image.fromarray(arr).convert(mode)
+    return _save(image, fmt, **({"quality": 90} if fmt == "JPEG" else {}))

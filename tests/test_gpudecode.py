@@ -3,7 +3,6 @@ chunks, per-image retry, the epoch hand-off, and GpuDecoder end to end with a CP
 nvJPEG (the same plan, crops and fallbacks as on a GPU).  Plus the one-line errors on a machine
 without CUDA."""
 
-import io
 import re
 
 import numpy as np
@@ -20,20 +19,9 @@ from shardpack.gpudecode import (GpuDecoder, Route, batch_epoch, check_torchvisi
                                  decode_chunks, is_fatal, plan_chunks, resolve_device, route)
 
 from .conftest import make_tree, run_cli
+from .imagegen import ramp_photo
 
 NO_CUDA = not torch.cuda.is_available()
-
-
-def _photo(seed, w, h, mode="RGB", fmt="JPEG"):
-    from PIL import Image
-
-    y, x = np.mgrid[0:h, 0:w]
-    rng = np.random.default_rng(seed)
-    arr = np.stack([(x * (seed + 2)) % 256, (y * 3) % 256, ((x + y) * 2) % 256], -1)
-    arr = np.clip(arr + rng.normal(0, 5, arr.shape), 0, 255).astype("uint8")
-    buf = io.BytesIO()
-    Image.fromarray(arr).convert(mode).save(buf, fmt)
-    return buf.getvalue()
 
 
 # -- device index ---------------------------------------------------------------------------------
@@ -61,20 +49,20 @@ def test_torchvision_version_check():
 # -- routing and planning -------------------------------------------------------------------------
 
 def test_route_sends_cmyk_other_formats_and_bad_headers_to_cpu():
-    rgb = route(np.frombuffer(_photo(0, 40, 30), np.uint8))
+    rgb = route(np.frombuffer(ramp_photo(0, 40, 30), np.uint8))
     assert rgb == Route(True, 30, 40)
-    gray = route(np.frombuffer(_photo(1, 20, 10, mode="L"), np.uint8))
+    gray = route(np.frombuffer(ramp_photo(1, 20, 10, mode="L"), np.uint8))
     assert gray.gpu and (gray.height, gray.width) == (10, 20)
-    cmyk = route(np.frombuffer(_photo(2, 20, 10, mode="CMYK"), np.uint8))
+    cmyk = route(np.frombuffer(ramp_photo(2, 20, 10, mode="CMYK"), np.uint8))
     assert not cmyk.gpu and "CMYK" in cmyk.reason
-    png = route(np.frombuffer(_photo(3, 20, 10, fmt="PNG"), np.uint8))
+    png = route(np.frombuffer(ramp_photo(3, 20, 10, "PNG"), np.uint8))
     assert not png.gpu and png.reason == "not a JPEG"
     from PIL import Image
 
     limit = Image.MAX_IMAGE_PIXELS
     try:  # over the decompression-bomb limit: the CPU path refuses it, skippably
         Image.MAX_IMAGE_PIXELS = 100
-        big = route(np.frombuffer(_photo(4, 40, 30), np.uint8))
+        big = route(np.frombuffer(ramp_photo(4, 40, 30), np.uint8))
     finally:
         Image.MAX_IMAGE_PIXELS = limit
     assert not big.gpu and "too large" in big.reason
@@ -184,10 +172,10 @@ def _bytes_batch(blobs):
 
 
 def test_gpu_plan_matches_cpu_decode_and_routes_per_image():
-    blobs = [_photo(i, 300 + 40 * i, 240 + 30 * i) for i in range(6)]
-    blobs[2] = _photo(9, 200, 160, mode="CMYK")       # to the CPU by its header
+    blobs = [ramp_photo(i, 300 + 40 * i, 240 + 30 * i) for i in range(6)]
+    blobs[2] = ramp_photo(9, 200, 160, mode="CMYK")       # to the CPU by its header
     blobs[4] = blobs[4] + REFUSED                     # the batched call fails on it
-    blobs += [_photo(10, 120, 90, fmt="PNG"), b"\xff\xd8 broken"]
+    blobs += [ramp_photo(10, 120, 90, "PNG"), b"\xff\xd8 broken"]
     data, offsets = _bytes_batch(blobs)
     opts, calls, stats = CropOptions(size=48, seed=3), [], {}
     dec = GpuDecoder(torch.device("cpu"), opts, on_error="skip", stats=stats,
@@ -212,7 +200,7 @@ def test_gpu_plan_matches_cpu_decode_and_routes_per_image():
 
 
 def test_gpu_plan_names_the_bad_sample_by_default():
-    blobs = [_photo(0, 64, 48), b"\xff\xd8 broken"]
+    blobs = [ramp_photo(0, 64, 48), b"\xff\xd8 broken"]
     data, offsets = _bytes_batch(blobs)
     dec = GpuDecoder(torch.device("cpu"), CropOptions(size=16), backend=_cpu_backend([]))
     with pytest.raises(DecodeError, match=r"sample 'cls0/broken'.*GPU: JPEG header"):
@@ -224,7 +212,8 @@ def test_gpu_plan_names_the_bad_sample_by_default():
 @pytest.fixture(scope="module")
 def small_ds(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpuds")
-    src = make_tree(root / "src", {f"c{i % 2}/{i:02d}.jpg": _photo(i, 64, 48) for i in range(12)})
+    src = make_tree(root / "src", {f"c{i % 2}/{i:02d}.jpg": ramp_photo(i, 64, 48)
+                                   for i in range(12)})
     shardpack.pack(src, root / "ds", workers=1, max_samples=4)
     return root / "ds"
 

@@ -276,7 +276,7 @@ def test_remote_source_beside_a_local_one(two, http_server, tmp_path):  # noqa: 
 
 
 def test_decode_and_device_loader_on_a_mixture(tmp_path):
-    from .test_decode_device import _photo
+    from .imagegen import ramp_photo as _photo
 
     a = make_tree(tmp_path / "a", {f"c{i % 2}/{i:02d}.jpg": _photo(i, 80, 60) for i in range(12)})
     b = make_tree(tmp_path / "b", {f"c{i % 2}/{i:02d}.PNG": _photo(i, 64, 48, "PNG")

@@ -22,22 +22,12 @@ from shardpack.reader import DatasetReader
 from shardpack.stats import StatsOptions, dataset_stats
 
 from .conftest import fake_jpeg, make_tree, run_cli
+from .imagegen import ramp_photo as _photo
 from .servers import http_server  # noqa: F401
 
 SIZES = [(160, 120), (120, 160), (200, 100), (90, 90), (150, 110)]
 CLASSES = {"ant": 5, "bee": 3, "cow": 2}
 BROKEN = "cow/broken"
-
-
-def _photo(seed: int, w: int, h: int, kind: str = "JPEG") -> bytes:
-    """Smooth colour ramps plus noise: a decoded cell has real variance."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([(x * (seed + 2)) % 256, (y * 3) % 256, ((x + y) * 2) % 256], -1)
-    arr = np.clip(base + rng.normal(0, 6, base.shape), 0, 255).astype("uint8")
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, kind, **({"quality": 90} if kind == "JPEG" else {}))
-    return buf.getvalue()
 
 
 def _photo_tree(root: Path) -> tuple[Path, dict]:
