@@ -131,11 +131,13 @@ class DatasetReader:
 
     def index(self, shard: int) -> fmt.ShardIndex:
         """The index of shard number ``shard``, checked against the manifest's size and hash."""
-        with self._lock:  # (prefetch threads load indexes too)
-            cached = self._indexes.get(shard)
-            if cached is not None:
+        cached = self._indexes.get(shard)  # the hot path: no lock (each call is atomic)
+        if cached is not None:
+            try:
                 self._indexes.move_to_end(shard)
-                return cached
+            except KeyError:  # another thread evicted it just now: still good for this call
+                pass
+            return cached
         entry = self.shards[shard]
         path = self.storage.display(entry.index)
         data = self.access.index_bytes(shard)
@@ -160,8 +162,8 @@ class DatasetReader:
         file is mapped now (a batch being gathered uses it), with what was memoised for their
         shards.  Called with the lock held."""
         over = len(self._indexes) - MAX_INDEXES
-        for old in [s for s in self._indexes if s not in self._buffers][:max(0, over)]:
-            del self._indexes[old]
+        for old in [s for s in list(self._indexes) if s not in self._buffers][:max(0, over)]:
+            self._indexes.pop(old, None)
             self.checked.pop(old, None)  # (its samples are checked again if read again)
             self._copies.pop(old, None)
             for key in [k for k in list(self.labels) if k[0] == old]:
