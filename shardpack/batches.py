@@ -318,7 +318,11 @@ def new_buffer(nbytes: int, shared: bool) -> "torch.Tensor":
     if shared and nbytes:
         storage = torch.UntypedStorage._new_shared(nbytes)
         return torch.empty(0, dtype=torch.uint8).set_(storage)
-    return torch.empty(nbytes, dtype=torch.uint8)
+    # numpy's allocator, not torch's: numpy asks the kernel for huge pages on arrays of 4 MB and
+    # more (madvise), torch's does not.  A batch read without DataLoader workers fills fresh
+    # memory every time, and its 4 KB page faults were most of such an epoch, more or fewer of
+    # them with the order's batch sizes (docs/benchmarks.md, "Batch memory without workers")
+    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
 
 
 def by_shard(shards: np.ndarray):
