@@ -223,32 +223,63 @@ def _in_thread(pack):
         finally:
             done.set()
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)  # (a hung pack must not hang pytest)
     thread.start()
     return thread, errors, done
 
 
+def _joined(thread: threading.Thread, errors: list) -> None:
+    thread.join(240)
+    assert not thread.is_alive(), "the pack did not end within 240 s"
+    assert not errors, errors
+
+
+def _children(pids: set[int]) -> set[int]:
+    """Every process below ``pids`` (children, their children, ...), from /proc."""
+    parent = {}
+    for pid, stat in proc_files("stat").items():
+        parent[pid] = int(stat.rsplit(b")", 1)[1].split()[1])
+    found, frontier = set(), set(pids)
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
 @pytest.mark.slow
 def test_dask_worker_killed_mid_pack_is_rerun(tree, tmp_path, reference, dask_cluster):
+    """A worker that is running pack tasks is killed mid-pack: the pack is still the local one,
+    byte for byte (the scheduler reruns the lost tasks; the nanny restarts the worker)."""
     cluster, client = dask_cluster
     for attempt in range(3):  # (packed again if it ended before the kill: a busy machine)
         out = tmp_path / f"out{attempt}"
         thread, errors, done = _in_thread(
             lambda out=out: shardpack.pack(tree, out, engine="dask",
                                            address=cluster.scheduler_address, **OPTS))
-        _wait_for_shards(out, 2)
-        pids = client.run(os.getpid)
-        mid_pack = not done.is_set()
-        if mid_pack:
-            os.kill(next(iter(pids.values())), signal.SIGKILL)
-            mid_pack = not done.is_set()
-        thread.join(240)
-        assert not errors, errors
+        try:
+            killed = _kill_a_busy_dask_worker(client, done)
+            mid_pack = killed and not done.is_set()
+        finally:
+            _joined(thread, errors)
         assert _files(out) == reference
         client.wait_for_workers(2, timeout=60)  # the nanny restarted it
         if mid_pack:
             break
-    assert mid_pack, "every pack ended before a worker was killed"
+    assert mid_pack, "every pack ended before a worker running its tasks was killed"
+
+
+def _kill_a_busy_dask_worker(client, done: threading.Event, timeout: float = 120) -> bool:
+    """SIGKILL a worker the scheduler has pack tasks on, before ``done`` is set; False if the
+    pack ended first."""
+    pids = client.run(os.getpid)  # {worker address: pid}
+    deadline = time.monotonic() + timeout
+    while not done.is_set() and time.monotonic() < deadline:
+        busy = [addr for addr, keys in client.processing().items() if keys and addr in pids]
+        if busy:
+            os.kill(pids[busy[0]], signal.SIGKILL)
+            return True
+        time.sleep(0.005)
+    return False
 
 
 def _wait_for_shards(out: Path, n: int, timeout: float = 120) -> None:
@@ -301,10 +332,11 @@ def test_ray_is_byte_identical_and_survives_a_killed_worker(tree, tmp_path, refe
         out = tmp_path / f"killed{attempt}"
         thread, errors, done = _in_thread(
             lambda out=out: shardpack.pack(tree, out, engine="ray", **OPTS))
-        killed = _kill_a_ray_task_worker(done)
-        mid_pack = killed and not done.is_set()
-        thread.join(240)
-        assert not errors, errors
+        try:
+            killed = _kill_a_ray_task_worker(done)
+            mid_pack = killed and not done.is_set()
+        finally:
+            _joined(thread, errors)
         assert _files(out) == reference
         if mid_pack:
             break
@@ -312,12 +344,16 @@ def test_ray_is_byte_identical_and_survives_a_killed_worker(tree, tmp_path, refe
 
 
 def _kill_a_ray_task_worker(done: threading.Event, timeout: float = 120) -> bool:
-    """SIGKILL the first Ray worker seen running a task (its title is ``ray::_call``) before
-    ``done`` is set; False if the pack ended first."""
+    """SIGKILL the first worker of this test's Ray (below the raylet this process started)
+    seen running a task (its title is ``ray::_call``) before ``done`` is set; False if the pack
+    ended first."""
     deadline = time.monotonic() + timeout
     while not done.is_set() and time.monotonic() < deadline:
         victims = [pid for pid, cmd in proc_files("cmdline").items()
                    if cmd.startswith(b"ray::_call")]
+        if victims:  # (another Ray on the machine is not ours to kill)
+            ours = _children({os.getpid()})
+            victims = [pid for pid in victims if pid in ours]
         if victims:
             os.kill(victims[0], signal.SIGKILL)
             return True

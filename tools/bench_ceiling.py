@@ -45,33 +45,45 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def machine_busy() -> float:
-    """CPU seconds every process on the machine has used (all CPUs; idle and iowait left out)."""
+    """CPU seconds the machine's CPUs have been busy: user, nice, system, irq and softirq (idle,
+    iowait and the hypervisor's steal left out; guest time is inside user already)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v) - v[3] - v[4]) / TICK
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / TICK
 
 
-def named_cpu(name: str) -> float:
-    """CPU seconds of the live processes called ``name`` (nginx: its master and workers)."""
-    total = 0.0
+def tree_cpu(root: int) -> float:
+    """CPU seconds of process ``root`` and every live process below it (the nginx this run
+    started: its master and workers)."""
+    stats = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
+                stats[int(pid)] = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if stat[stat.index("(") + 1:stat.rindex(")")] == name:
-            rest = stat[stat.rindex(")") + 2:].split()
-            total += (int(rest[11]) + int(rest[12])) / TICK
-    return total
+    found, frontier = {root}, {root}
+    while frontier:
+        frontier = {pid for pid, rest in stats.items() if int(rest[1]) in frontier} - found
+        found |= frontier
+    return sum((int(stats[p][11]) + int(stats[p][12])) / TICK for p in found if p in stats)
+
+
+SERVER = {"pid": 0}  # the nginx master of this run
 
 
 def measured(work) -> dict:
-    """Run ``work()``; its wall, the machine's busy CPU and nginx's CPU over that window."""
-    m0, n0, t0 = machine_busy(), named_cpu("nginx"), time.perf_counter()
+    """Run ``work()``; its wall, the machine's busy CPU and the server's CPU over that window."""
+    m0, n0, t0 = machine_busy(), tree_cpu(SERVER["pid"]), time.perf_counter()
     extra = work() or {}
     wall = time.perf_counter() - t0
-    return dict(wall=wall, cpu=machine_busy() - m0, server=named_cpu("nginx") - n0, **extra)
+    return dict(wall=wall, cpu=machine_busy() - m0, server=tree_cpu(SERVER["pid"]) - n0,
+                **extra)
+
+
+def idle(seconds: float = 1.0) -> dict:
+    """The machine's busy CPU while this run does nothing: other tenants, daemons."""
+    return measured(lambda: time.sleep(seconds))
 
 
 def epoch(url: str, batched: bool, cache_parent: str | None) -> dict:
@@ -107,7 +119,7 @@ def gets(url: str, shards: list[tuple[str, int]], parent: str) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-CASES = ("cold/batched", "cold/sample", "gets", "local/batched", "local/sample")
+CASES = ("cold/batched", "cold/sample", "gets", "local/batched", "local/sample", "idle")
 
 
 def run(args) -> tuple[dict, dict]:
@@ -121,12 +133,14 @@ def run(args) -> tuple[dict, dict]:
                 shard_bytes=sum(s for _, s in shards), shards=len(shards), parent=parent)
     with NginxServer(packed.parent, Path(tempfile.mkdtemp(prefix="ceiling-nginx-"))) as nginx:
         url = f"{nginx.url}/{packed.name}"
+        SERVER["pid"] = nginx.proc.pid
         run_case = {
             "cold/batched": lambda: epoch(url, True, parent),
             "cold/sample": lambda: epoch(url, False, parent),
             "gets": lambda: gets(url, shards, parent),
             "local/batched": lambda: epoch(str(packed), True, None),
             "local/sample": lambda: epoch(str(packed), False, None),
+            "idle": idle,
         }
         for case in CASES:  # one unmeasured round: imports, first connections
             run_case[case]()
@@ -141,8 +155,12 @@ def run(args) -> tuple[dict, dict]:
 
 
 def report(results: dict, info: dict, args) -> str:
-    med = {c: {k: statistics.median(r[k] for r in rows) for k in ("wall", "cpu", "server")}
-           for c, rows in results.items()}
+    # other tenants' and daemons' CPU, per second, taken off each case's machine CPU
+    background = statistics.median(r["cpu"] / r["wall"] for r in results["idle"])
+    med = {c: {"wall": statistics.median(r["wall"] for r in rows),
+               "cpu": statistics.median(r["cpu"] - background * r["wall"] for r in rows),
+               "server": statistics.median(r["server"] for r in rows)}
+           for c, rows in results.items() if c != "idle"}
     mb = info["shard_bytes"] / 1e6
     cores = info["cores"]
     get = med["gets"]
@@ -159,9 +177,12 @@ def report(results: dict, info: dict, args) -> str:
         f"Data: {info['shards']} tar shards, {mb:.0f} MB (the --fast set of bench_remote.py); "
         f"nginx on 127.0.0.1 sharing the {cores} cores; caches and GET copies in "
         f"{info['parent']}. Shuffle on, 2 DataLoader workers, batch 256, bytes only. CPU is the "
-        "whole machine's busy time over each case's window (construction to the end of the "
-        "iteration), so nginx, softirqs and loopback TCP count; medians of "
-        f"{args.reps} alternated repetitions, all in one process.",
+        "whole machine's busy time (user, nice, system, irq, softirq; not steal) over each "
+        "case's window (construction to the end of the iteration), so nginx, softirqs and "
+        "loopback TCP count, less the machine's background: "
+        f"{background:.3f} cores busy while this run slept 1 s (median). Medians of "
+        f"{args.reps} alternated repetitions, all in one process, taken column by column; CPU "
+        "is counted in ticks of 0.01 s.",
         "",
         "| case | wall s | MB/s | CPU core-s | of which nginx | core-s per GB | cores busy |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -170,7 +191,7 @@ def report(results: dict, info: dict, args) -> str:
              "cold cached epoch, per sample", "gets": "every shard once, Storage.download "
              "(one GET after another)", "local/batched": "local epoch, batched",
              "local/sample": "local epoch, per sample"}
-    for case in CASES:
+    for case in CASES[:-1]:  # (not idle)
         m = med[case]
         lines.append(f"| {names[case]} | {m['wall']:.3f} | {mb / m['wall']:.0f} | "
                      f"{m['cpu']:.2f} | {m['server']:.2f} | {m['cpu'] / mb * 1000:.2f} | "
