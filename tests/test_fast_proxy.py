@@ -63,8 +63,23 @@ def conn_threads() -> list[str]:
     return [name for name in proxy_threads() if not name.endswith("-accept")]
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds() -> frozenset:
+    """This process's open sockets and pipes, as (fd, what it points to)."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed while listed
+            continue
+        if target.startswith(("socket:", "pipe:")):
+            out.add((fd, target))
+    return frozenset(out)
+
+
+def no_new_fds(before: frozenset) -> bool:
+    """No socket or pipe opened since ``before`` is still open, waiting up to 5 s for closes in
+    flight.  Only new ones count: a test earlier in this process may close its own meanwhile."""
+    return wait_for(lambda: not open_fds() - before)
 
 
 def wait_for(condition, timeout: float = 5.0) -> bool:
@@ -209,7 +224,7 @@ def test_half_close_is_passed_on_and_nothing_leaks(nginx, proxy):
             received += chunk
     assert received.startswith(b"HTTP/1.1 200") and received.endswith(expected)
     assert wait_for(lambda: p.active == 0 and conn_threads() == [])
-    assert open_fds() == fds
+    assert no_new_fds(fds), open_fds() - fds
 
 
 def test_client_reset_mid_body_ends_both_threads(nginx, proxy):
@@ -220,7 +235,7 @@ def test_client_reset_mid_body_ends_both_threads(nginx, proxy):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()  # a reset, with most of the body still coming
     assert wait_for(lambda: p.active == 0 and conn_threads() == [])
-    assert open_fds() == fds
+    assert no_new_fds(fds), open_fds() - fds
 
 
 def test_target_reset_reaches_the_client(tmp_path, fault_server, proxy):  # noqa: F811
@@ -238,7 +253,7 @@ def test_target_reset_reaches_the_client(tmp_path, fault_server, proxy):  # noqa
             how = "reset"
     assert how == "reset" and received.endswith(data[:100])
     assert wait_for(lambda: p.active == 0 and conn_threads() == [])
-    assert open_fds() == fds
+    assert no_new_fds(fds), open_fds() - fds
 
 
 def test_target_down_resets_the_client(proxy):
@@ -261,7 +276,7 @@ def test_stop_ends_every_connection_and_thread(nginx):
     time.sleep(0.2)  # let the stalled one fill the socket buffers
     started = time.perf_counter()
     p.stop()
-    assert time.perf_counter() - started < 2
+    assert time.perf_counter() - started < 5  # (bounded: nothing waits for the stalled reader)
     assert proxy_threads() == [] and p.active == 0
     for sock in (idle, held, stalled):
         try:
@@ -271,7 +286,7 @@ def test_stop_ends_every_connection_and_thread(nginx):
         except ConnectionResetError:
             pass
         sock.close()
-    assert open_fds() == fds
+    assert no_new_fds(fds), open_fds() - fds
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", p.port), timeout=1).close()
     p.stop()  # twice is fine
