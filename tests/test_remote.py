@@ -153,10 +153,23 @@ def test_404_is_not_retried(local_ds, fault_server, monkeypatch):
     assert server.requests_for("shard-00000.tar") == 1
 
 
+def _fetchers_done(timeout: float = 30) -> None:
+    """Wait for prefetch threads of finished passes: close() lets each end the shard it is on,
+    and one that looks at a cached shard after the test changed it fetches it again, as it
+    should, but for the dataset the test has finished with."""
+    import threading
+
+    deadline = time.monotonic() + timeout
+    while any(t.name.startswith("shardpack-fetch") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "prefetch threads still running"
+        time.sleep(0.01)
+
+
 def test_corrupt_cached_shard_is_fetched_again(local_ds, http_server, tmp_path):
     server = http_server(local_ds)
     cache = tmp_path / "cache"
     assert len(list(ShardDataset(server.url, cache_dir=cache))) == N
+    _fetchers_done()
     cached = [os.path.join(d, n) for d, _, names in os.walk(cache) for n in names
               if n.endswith(".tar")]
     assert len(cached) == 5
@@ -172,6 +185,7 @@ def test_corrupt_cached_shard_is_fetched_again(local_ds, http_server, tmp_path):
         ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=4)
         got = {s["__key__"]: s["bin"] for s in ds}
         assert got == {k: s["bin"] for k, s in _expected(local_ds).items()}
+        _fetchers_done()
         assert ds.reader.cache.stats["refetches"] >= 1
 
 
