@@ -306,9 +306,11 @@ def _too_large(pixels: int) -> str:
             f"{2 * Image.MAX_IMAGE_PIXELS:,} (raise PIL.Image.MAX_IMAGE_PIXELS if it is real)")
 
 
-def decode_rgb(data) -> np.ndarray:
+def decode_rgb(data, min_side: int = 0) -> np.ndarray:
     """Any supported image -> uint8 ``[H, W, 3]`` (first frame; rules in the module docstring;
-    EXIF orientation not applied).  Bad data raises :class:`DecodeError` with a one-line reason."""
+    EXIF orientation not applied).  Bad data raises :class:`DecodeError` with a one-line reason.
+    ``min_side``: a JPEG may come back scaled down by 1/2 to 1/8 in the decoder (its DCT
+    scaling, far cheaper than a full decode), never below ``min_side`` on either side."""
     if not isinstance(data, bytes):
         data = bytes(data)
     fmt = _kind(data) if data else None
@@ -326,13 +328,16 @@ def decode_rgb(data) -> np.ndarray:
             check_size(width, height)
         if colorspace not in (None, "CMYK", "YCCK"):
             try:
-                return simplejpeg.decode_jpeg(data, colorspace="RGB")
+                return simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_side,
+                                              min_width=min_side)
             except ValueError as exc:
                 failure = str(exc)
     from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data), formats=[fmt]) as image:
+            if min_side and fmt == "JPEG":  # (CMYK, YCCK: the same DCT scaling in Pillow)
+                image.draft(image.mode, (min_side, min_side))
             image.load()
             return rgb_array(image)
     except Image.DecompressionBombError as exc:
@@ -344,6 +349,24 @@ def decode_rgb(data) -> np.ndarray:
         failure = failure or str(exc) or type(exc).__name__
     detail = _CHECKS[fmt](data) or failure
     raise DecodeError(f"cannot decode {fmt}: {detail[:1].lower()}{detail[1:]}") from None
+
+
+def image_size(data) -> tuple[int, int] | None:
+    """(width, height) from the image's header, or None where it cannot be read."""
+    from PIL import Image
+
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    try:
+        if _kind(data) == "JPEG":
+            import simplejpeg
+
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            return width, height
+        with Image.open(io.BytesIO(data)) as image:  # (reads the header only)
+            return image.size
+    except Exception:  # noqa: BLE001 - a size is only shown, never needed
+        return None
 
 
 def rgb_array(image) -> np.ndarray:

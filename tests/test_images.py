@@ -398,3 +398,20 @@ def test_resize_refuses_broken_images_of_every_format():
         with pytest.raises(SourceError, match=r"cannot resize: not a valid") as info:
             resize_image(data, field, 64, 90, "src/x")
         assert "src/x" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "CMYK"])  # (CMYK: Pillow's path, its draft())
+def test_decode_rgb_min_side_scales_a_jpeg_in_the_decoder(mode):
+    """A preview decodes a JPEG at 1/2-1/8 scale when that still covers the cell: never under
+    min_side, the same picture (close to a full decode shrunk alike), and the header keeps the
+    full size."""
+    data = gen.jpeg(mode, size=(800, 600), quality=90)
+    full = decode_rgb(data)
+    small = decode_rgb(data, min_side=100)
+    assert full.shape == (600, 800, 3)
+    assert small.shape[0] >= 100 and small.shape[1] >= 100 and small.shape[0] <= 150
+    shrunk = np.asarray(Image.fromarray(full).resize(small.shape[1::-1], Image.Resampling.BOX))
+    assert np.abs(shrunk.astype(int) - small.astype(int)).mean() < 8
+    assert images.image_size(data) == (800, 600)
+    assert images.image_size(gen.png("RGB")) == gen.SIZE
+    assert images.image_size(b"not an image") is None

@@ -334,3 +334,25 @@ def test_a_truncated_shard_is_one_line_not_a_traceback(tmp_path):
         assert result.exit_code == 2, result.output
         lines = [ln for ln in result.output.splitlines() if ln.startswith("shardpack: error")]
         assert len(lines) == 1 and "Traceback" not in result.output, result.output
+
+
+def test_a_big_photo_is_shown_at_its_own_size_from_a_reduced_decode(tmp_path, monkeypatch):
+    """A 1600x1200 JPEG is decoded at a DCT scale that still covers the cell (not in full),
+    and the page shows the header's size, not the decoded one."""
+    from shardpack import images, preview as preview_mod
+
+    src = make_tree(tmp_path / "src", {"cat/big.jpg": _photo(7, 1600, 1200, "JPEG")})
+    shardpack.pack(src, tmp_path / "ds", workers=1)
+    decoded = []
+    real = images.decode_rgb
+
+    def spy(data, min_side=0):
+        decoded.append(real(data, min_side=min_side).shape)
+        return real(data, min_side=min_side)
+
+    monkeypatch.setattr(preview_mod, "decode_rgb", spy)
+    out = tmp_path / "page.html"
+    preview(tmp_path / "ds", out, PreviewOptions(html=True, cell=96))
+    (h, w, _), = decoded
+    assert 96 <= min(h, w) and h <= 300 and w <= 400  # 1/8 or 1/4 scale, not 1200x1600
+    assert "1600x1200" in out.read_text()

@@ -5,6 +5,8 @@ figures go to docs/benchmarks.md.
 Cases: bytes-only batched epochs (100 KB and 1 KB samples, local tar), CPU decode (224 px,
 batches of 64, 1,536 samples), and the same 100 KB dataset over HTTP (nginx on 127.0.0.1, no
 added latency) with a cache: cold (empty cache) and warm (the cache filled by the cold run).
+And `shardpack preview` sheets of 64 cells (cells per second): on the 100 KB dataset and on 64
+photos of 12 MP made once under bench-data/.  `--cases preview,HTTP` runs only those.
 
     python tools/bench_before_after.py --base 3f2c1ab --reps 5
 """
@@ -31,6 +33,13 @@ def child(case: str, url: str, cache: str | None) -> float:
     """One measurement in this process: samples per second."""
     import shardpack
 
+    if case == "preview":  # a 64-cell contact sheet (shardpack preview), cells per second
+        from shardpack.preview import PreviewOptions, preview
+
+        out = Path(tempfile.mkdtemp()) / "sheet.png"
+        summary = preview(url, out, PreviewOptions(n=64, seed=1))
+        shutil.rmtree(out.parent)
+        return summary.cells / summary.seconds
     if case == "decode":
         data = shardpack.ShardDataset(url, seed=1, batch_size=64, batched=True,
                                       decode=shardpack.CpuDecode(224))
@@ -52,6 +61,24 @@ def child(case: str, url: str, cache: str | None) -> float:
     return n / (time.perf_counter() - t)
 
 
+def big_photos(count: int = 64) -> Path:
+    """A pack of ``count`` 4000x3000 JPEGs (tests/imagegen.py's ramp_photo: smooth ramps plus
+    noise, ~4.6 MB each), made once under bench-data/."""
+    out = ROOT / "bench-data" / f"photos-12mp-{count}-packed"
+    if not (out / "shardpack.json").exists():
+        sys.path.insert(0, str(ROOT))
+        import shardpack
+        from tests.imagegen import ramp_photo
+
+        src = Path(tempfile.mkdtemp(dir=ROOT / "bench-data")) / "src"
+        for i in range(count):
+            (src / f"c{i % 4}").mkdir(parents=True, exist_ok=True)
+            (src / f"c{i % 4}" / f"{i:03d}.jpg").write_bytes(ramp_photo(i, 4000, 3000))
+        shardpack.pack(src, out, workers=2)
+        shutil.rmtree(src.parent)
+    return out
+
+
 def _tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -60,6 +87,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True, help="the commit before the change")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--cases", default=None,
+                   help="comma-separated labels' first words to run (e.g. 'preview,HTTP') "
+                        "[all]")
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -81,7 +111,12 @@ def main() -> None:
             cases = [("bytes 100 KB", "bytes", str(BIG)), ("bytes 1 KB", "bytes", str(TINY)),
                      ("CPU decode 224 px", "decode", str(BIG)),
                      ("HTTP cold (cache filled)", "cold", url),
-                     ("HTTP warm (cache full)", "warm", url)]
+                     ("HTTP warm (cache full)", "warm", url),
+                     ("preview 64 cells, ~500x375 JPEGs", "preview", str(BIG)),
+                     ("preview 64 cells, 12 MP JPEGs", "preview", str(big_photos()))]
+            if args.cases:
+                wanted = tuple(args.cases.split(","))
+                cases = [c for c in cases if c[0].split()[0] in wanted]
             for rep in range(args.reps):
                 for who in (("before", "after") if rep % 2 == 0 else ("after", "before")):
                     tree = base if who == "before" else ROOT
