@@ -351,22 +351,18 @@ def decode_rgb(data, min_side: int = 0) -> np.ndarray:
     raise DecodeError(f"cannot decode {fmt}: {detail[:1].lower()}{detail[1:]}") from None
 
 
-def image_size(data) -> tuple[int, int] | None:
-    """(width, height) from the image's header, or None where it cannot be read."""
+def header_info(data) -> tuple[tuple[int, int], str]:
+    """((width, height), Pillow's format name) from the image's header alone: no pixels are
+    decoded, and a large image is a size here, not a warning.  Raises what Pillow raises for a
+    header it cannot read (or one past twice its pixel limit)."""
+    import warnings
+
     from PIL import Image
 
-    if not isinstance(data, bytes):
-        data = bytes(data)
-    try:
-        if _kind(data) == "JPEG":
-            import simplejpeg
-
-            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-            return width, height
-        with Image.open(io.BytesIO(data)) as image:  # (reads the header only)
-            return image.size
-    except Exception:  # noqa: BLE001 - a size is only shown, never needed
-        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        with Image.open(io.BytesIO(bytes(data))) as image:
+            return image.size, image.format
 
 
 def rgb_array(image) -> np.ndarray:

@@ -31,7 +31,7 @@ from dataclasses import field as dataclass_field
 import numpy as np
 
 from .errors import DecodeError, ShardpackError
-from .images import decode_rgb, image_size
+from .images import decode_rgb, header_info
 from .reader import DatasetReader
 from .stats import (LABEL_FIELD, fetch_samples, human, image_field, keys_carry_classes,
                     label_text, label_values, load_indexes)
@@ -286,10 +286,10 @@ def make_cell(sample, classes, has_labels: bool, opts: PreviewOptions) -> Cell:
     cell = Cell(sample["__key__"], label, None)
     try:
         cell.field = image_field([n for n in sample if len(sample[n])], opts.field)
-        data = sample[cell.field]
+        data = bytes(sample[cell.field])  # (once: the decode and the header read take bytes)
         cell.nbytes = len(data)
         # a thumbnail needs no full decode: a JPEG is decoded at 1/2-1/8 scale when that
-        # still covers the cell (12 MP photos: ~8x less work); the size shown is the header's
+        # still covers the cell (12 MP photos: ~8x less work)
         pixels = decode_rgb(data, min_side=opts.cell)
     except DecodeError as exc:
         cell.error = exc.message
@@ -298,7 +298,10 @@ def make_cell(sample, classes, has_labels: bool, opts: PreviewOptions) -> Cell:
         cell.error = f"cannot decode: {type(exc).__name__}: {exc}"
         return cell
     image = Image.fromarray(pixels)
-    cell.size = image_size(data) or image.size
+    try:  # the JPEG may have been decoded smaller: the size shown is the header's
+        cell.size = header_info(data)[0]
+    except Exception:  # noqa: BLE001 - it decoded, so this is unlikely; the decoded size then
+        cell.size = image.size
     image.thumbnail((opts.cell, opts.cell), Image.Resampling.BICUBIC, reducing_gap=2.0)
     cell.thumb = image
     return cell

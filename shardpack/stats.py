@@ -20,7 +20,6 @@ Also the helpers shardpack/preview.py shares: checked ranged reads of a few samp
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -28,7 +27,7 @@ from dataclasses import field as dataclass_field
 import numpy as np
 
 from .errors import DecodeError, FormatError, ShardpackError
-from .images import check_image, is_image_field
+from .images import check_image, header_info, is_image_field
 from .reader import DatasetReader, decode_sample
 
 LABEL_FIELD = "cls"  # the class label field (shardpack.batches.LABEL_FIELDS, without torch)
@@ -417,15 +416,10 @@ def _note_header(result: ImageSizes, key: str, field: str, data, last: bool,
                  whole: bool) -> bool:
     """Note the size in the image header ``data`` (``whole``: the whole image); False when it
     needs more bytes (and ``last`` is False)."""
-    import warnings
-
     from PIL import Image
 
     try:
-        with warnings.catch_warnings():  # a large image is a size to report, not a warning
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(bytes(data))) as image:
-                size, kind = image.size, image.format
+        size, kind = header_info(data)
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for bad headers
         if not last:
             return False

@@ -55,18 +55,15 @@ def machine_busy() -> float:
 def tree_cpu(root: int) -> float:
     """CPU seconds of process ``root`` and every live process below it (the nginx this run
     started: its master and workers)."""
-    stats = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    total = 0.0
+    for pid in bench_common.descendants(root):
         try:
             with open(f"/proc/{pid}/stat") as f:
-                stats[int(pid)] = f.read().rsplit(")", 1)[1].split()
+                rest = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-    found, frontier = {root}, {root}
-    while frontier:
-        frontier = {pid for pid, rest in stats.items() if int(rest[1]) in frontier} - found
-        found |= frontier
-    return sum((int(stats[p][11]) + int(stats[p][12])) / TICK for p in found if p in stats)
+        total += (int(rest[11]) + int(rest[12])) / TICK
+    return total
 
 
 SERVER = {"pid": 0}  # the nginx master of this run

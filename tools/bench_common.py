@@ -104,7 +104,7 @@ def tree_bytes(path):
     return sum(os.path.getsize(p) for p in files_under(path))
 
 
-def _descendants(pid):
+def descendants(pid):
     """pid and all its descendants (via /proc/PID/task/TID/children)."""
     todo, seen = [pid], []
     while todo:
@@ -146,7 +146,7 @@ def run_measured(cmd, log_path, timeout=None, env=None, interval=0.2):
 
         def sample():
             while not done.wait(interval):
-                peak[0] = max(peak[0], sum(_pss_kb(p) for p in _descendants(proc.pid)))
+                peak[0] = max(peak[0], sum(_pss_kb(p) for p in descendants(proc.pid)))
         th = threading.Thread(target=sample, daemon=True)
         th.start()
         timed_out = False
