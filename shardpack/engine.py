@@ -254,9 +254,12 @@ class _RayFuture:
         self.ray, self.ref = ray, ref
 
     def cancel(self) -> bool:
-        """Cancel the task if it has not started (a running one finishes: it may be writing)."""
-        self.ray.cancel(self.ref, force=False)
-        return True
+        """Not cancelled: Engine.stop() waits for it to finish (at most twice the workers' tasks
+        are in flight).  ``ray.cancel`` of a queued task that completes at that moment aborted
+        the whole driver process in Ray 2.60 (a failed CHECK in its task manager, seen in CI
+        after a pack that stopped on a broken image); a user's training script must not die
+        of a failed pack."""
+        return False
 
     def done(self) -> bool:
         return bool(self.ray.wait([self.ref], timeout=0)[0])
