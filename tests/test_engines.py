@@ -580,3 +580,13 @@ def test_bad_engine_choices_leave_out_untouched(tree, tmp_path):
     with pytest.raises(ShardpackError, match="--address is for the dask and ray engines"):
         shardpack.pack(tree, tmp_path / "out", address="tcp://127.0.0.1:1")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_pack_never_cancels_ray_tasks():
+    """Engine.stop() waits for queued Ray tasks instead of ray.cancel: a cancel racing a task's
+    end aborted the whole driver process in Ray 2.60 (a failed CHECK in its task manager)."""
+    class Ray:
+        def cancel(self, *args, **kwargs):
+            raise AssertionError("ray.cancel was called")
+
+    assert engine_mod._RayFuture(Ray(), ref=None).cancel() is False
