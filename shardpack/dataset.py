@@ -182,6 +182,7 @@ class ShardDataset(IterableDataset):
                 "shuffle_window": self.shuffle_window, "shard_affinity": self.shard_affinity}
         if self._mix is not None:  # sources' sizes and shares: the order depends on them
             base["mix"] = [[sum(sizes), count] for sizes, count in zip(*self._mix, strict=True)]
+            base["mix_order"] = partition.MIX_ORDER_VERSION
         epoch, history = self._current()
         if samples_seen is not None:
             self._capture_dist()
@@ -226,6 +227,15 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"state was saved with mixture {state.get('mix')!r} ([samples, "
                              f"per epoch] of each source), this dataset has {mix!r}: resume "
                              "needs the same sources and shares")
+        # mixed epochs have their own order version (single datasets' orders did not change);
+        # a state from before it (no "mix_order": version 1) loads where its epochs are the same
+        mix_version = state.get("mix_order", 1)
+        if mix is not None and partition.mix_order_changed(mix, not unshuffled, mix_version):
+            raise ValueError(f"unsupported mixture order version: expected "
+                             f"{partition.MIX_ORDER_VERSION}, found {mix_version!r}: its epochs "
+                             "read a downsampled source in another order; do not load this "
+                             "state: start the epoch from its beginning, or finish it with the "
+                             "shardpack that saved it")
         for key in ("num_samples", "seed", "shuffle", "partial", "block_size", "shuffle_window",
                     "shard_affinity"):
             mine = self._epoch_samples() if key == "num_samples" else getattr(self, key)

@@ -32,6 +32,7 @@ from .errors import FormatError, IntegrityError, VersionError
 FORMAT_VERSION = 2
 READ_VERSIONS = (1, 2)  # version 1: dense per-shard field table in the index (docs/format.md)
 MANIFEST_NAME = "shardpack.json"
+SKIPS_NAME = "skipped.jsonl"  # the skip report (shardpack/skips.py), when a pack skipped any
 MANIFEST_FORMAT = "shardpack"
 HASH_NAME = "xxh3-128"
 SHARD_FORMATS = ("tar", "msgpack")
@@ -774,6 +775,7 @@ class Manifest:
     part: Part | None = None
     merged_from: int | None = None
     source: Mapping | None = None
+    skip_report: Mapping | None = None  # {"name": SKIPS_NAME, "entries": N, "bytes": B}
     raw: dict = dataclass_field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -823,7 +825,8 @@ def _typed_manifest_with(manifest: dict, shards: tuple) -> Manifest:
 
 _MANIFEST_KEYS = ("format", "version", "shard_format", "compression", "hash", "fields",
                   "num_samples", "num_shards", "num_bytes", "classes", "layout", "skipped",
-                  "hidden", "group", "ignored", "preprocessing", "merged_from", "source")
+                  "hidden", "group", "ignored", "preprocessing", "merged_from", "source",
+                  "skip_report")
 
 
 def decode_manifest(data: bytes, path: str | None = None) -> Manifest:
@@ -981,6 +984,13 @@ def _check_notes(manifest: dict, path: str | None) -> None:
         if not isinstance(skipped, dict) or not all(_count(v) for v in skipped.values()):
             raise FormatError(f"manifest 'skipped' must map reasons to non-negative integers, "
                               f"found {skipped!r}"[:300], path=path)
+    report = manifest.get("skip_report")
+    if report is not None and not (isinstance(report, dict) and report.get("name") == SKIPS_NAME
+                                   and _count(report.get("entries"))
+                                   and _count(report.get("bytes"))):
+        raise FormatError(f"manifest 'skip_report' must be null or {{\"name\": "
+                          f"\"{SKIPS_NAME}\", \"entries\": N, \"bytes\": B}}, found "
+                          f"{report!r}"[:300], path=path)
     pre = manifest.get("preprocessing")
     if pre is not None and not (isinstance(pre, dict) and _count(pre.get("resize"))
                                 and pre["resize"] > 0 and _count(pre.get("quality"))):

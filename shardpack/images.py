@@ -52,6 +52,12 @@ def sniff(data) -> str | None:
     return None
 
 
+def content_format(data) -> str | None:
+    """The format shardpack decodes these bytes (or their first bytes) as; None for content that
+    is no supported image (no decode can read it)."""
+    return _kind(bytes(data[:18]))
+
+
 def _kind(data: bytes) -> str | None:
     """The format whose structural check applies: the sniffed one; a JPEG start-of-image followed
     by garbage is a corrupt JPEG, and a cut-off signature a truncated image, not "other data"."""
@@ -70,7 +76,7 @@ _CONTENT = ((b"%PDF", "is a PDF document"), (b"PK\x03\x04", "is a ZIP archive"),
             (b"<?xml", "looks like XML"), (b"{", "looks like JSON"), (b"[", "looks like JSON"))
 
 
-def _describe(data: bytes) -> str:
+def describe_content(data: bytes) -> str:
     """What bytes that are no supported image look like, for the error message."""
     head = data[:512]
     text = head.lstrip().lower()
@@ -107,7 +113,7 @@ def check_image(data, field: str) -> str | None:
         return "empty image file (0 bytes)"
     fmt = _kind(data)
     if fmt is None:
-        return f"not {'a ' + expected if expected else 'an'} image: {_describe(data)}"
+        return f"not {'a ' + expected if expected else 'an'} image: {describe_content(data)}"
     return _CHECKS[fmt](data)
 
 
@@ -315,7 +321,8 @@ def decode_rgb(data, min_side: int = 0) -> np.ndarray:
         data = bytes(data)
     fmt = _kind(data) if data else None
     if fmt is None:
-        raise DecodeError(f"cannot decode image: {_describe(data) if data else 'empty (0 bytes)'}")
+        raise DecodeError("cannot decode image: "
+                          + (describe_content(data) if data else "empty (0 bytes)"))
     failure = None
     if fmt == "JPEG":  # libjpeg-turbo via simplejpeg; Pillow for CMYK/YCCK and what it refuses
         import simplejpeg
@@ -349,20 +356,6 @@ def decode_rgb(data, min_side: int = 0) -> np.ndarray:
         failure = failure or str(exc) or type(exc).__name__
     detail = _CHECKS[fmt](data) or failure
     raise DecodeError(f"cannot decode {fmt}: {detail[:1].lower()}{detail[1:]}") from None
-
-
-def header_info(data) -> tuple[tuple[int, int], str]:
-    """((width, height), Pillow's format name) from the image's header alone: no pixels are
-    decoded, and a large image is a size here, not a warning.  Raises what Pillow raises for a
-    header it cannot read (or one past twice its pixel limit)."""
-    import warnings
-
-    from PIL import Image
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        with Image.open(io.BytesIO(bytes(data))) as image:
-            return image.size, image.format
 
 
 def rgb_array(image) -> np.ndarray:

@@ -110,15 +110,36 @@ def merge(parts, out, *, storage_options: dict | None = None, overwrite: bool = 
         entries = _place(storage, ordered, summary, progress)
         try:
             manifest = _manifest(ordered, entries, fields, skipped, counts)
+            report = _merge_skip_reports(storage, ordered)
+            if report is not None:
+                manifest["skip_report"] = report
             storage.write_atomic(fmt.MANIFEST_NAME, fmt.encode_manifest(manifest))
         except BaseException:
-            _remove(storage, [n for e in entries for n in (e["name"], e["index"])])
+            _remove(storage, [n for e in entries for n in (e["name"], e["index"])]
+                    + [fmt.SKIPS_NAME])
             raise
     summary.samples = manifest["num_samples"]
     summary.shards = len(entries)
     summary.bytes = manifest["num_bytes"]
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _merge_skip_reports(storage: Storage, parts: list[_Part]) -> dict | None:
+    """The parts' skip reports joined in merge order into OUT's (their counts are summed the
+    same way), each read bounded by the size its manifest records; None when no part skipped.
+    A part's skips without a report (an older release wrote none) leave the merged dataset
+    without one: a report must name every skip it counts."""
+    records = [(p, p.manifest.skip_report) for p in parts if p.manifest.skipped]
+    if not records or any(record is None for _, record in records):
+        return None
+    size = entries = 0
+    with storage.open_atomic(fmt.SKIPS_NAME) as out:
+        for part, record in records:
+            data = part.storage.read_bytes(record["name"], 0, record["bytes"])
+            out.write(data)
+            size, entries = size + len(data), entries + record["entries"]
+    return {"name": fmt.SKIPS_NAME, "entries": entries, "bytes": size}
 
 
 def _manifest(parts: list[_Part], entries: list[dict], fields: set, skipped: dict,

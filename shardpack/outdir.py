@@ -78,9 +78,9 @@ if hasattr(os, "register_at_fork"):
 
 
 def is_ours(name: str) -> bool:
-    """Whether ``name`` (in OUT) is a file shardpack writes: the manifest, a pack's state, a temp
-    file, a shard or an index."""
-    return (name in (fmt.MANIFEST_NAME, STATE_NAME) or is_temp_name(name)
+    """Whether ``name`` (in OUT) is a file shardpack writes: the manifest, a pack's state, the
+    skip report, a temp file, a shard or an index."""
+    return (name in (fmt.MANIFEST_NAME, STATE_NAME, fmt.SKIPS_NAME) or is_temp_name(name)
             or (name.startswith("shard-") and name.endswith(
                 tuple(fmt.SHARD_SUFFIX.values()) + (fmt.INDEX_SUFFIX,))))
 

@@ -25,6 +25,7 @@ from .errors import PackError, ShardpackError
 from .outdir import LOCK_NAME, STATE_NAME, OutLock, clear_out, is_ours
 from .plan import PackOptions, PartOf, ShardTask, check_part, parse_size, plan
 from .samples import Source, within
+from .skips import FIRST, SkipLog
 from .storage import Storage, is_temp_name
 from . import writer
 from .writer import ShardResult, result_from_index, write_shard
@@ -53,6 +54,9 @@ class PackSummary:
     index_bytes: int = 0
     engine: str = "local"
     engine_start: float = 0.0  # seconds to start or reach the engine (part of ``seconds``)
+    skip_report: str | None = None  # where every skip is named (OUT/skipped.jsonl), if any
+    followed: int = 0          # links leading outside SRC that --follow-links followed
+    datasets: list = field(default_factory=list)  # shardpack datasets inside SRC, left out
 
     def line(self) -> str:
         rate = self.source_bytes / self.seconds / 1e6 if self.seconds else 0.0
@@ -81,7 +85,23 @@ class PackSummary:
                      f"{'is' if self.ignored == 1 else 'are'} neither an image nor a sidecar")
         if self.hidden:
             text += f"; ignored {plural(self.hidden, 'hidden entry', 'hidden entries')}"
+        if self.followed:
+            text += (f"; followed {plural(self.followed, 'link')} leading outside SRC "
+                     "(--follow-links)")
+        if self.datasets:
+            text += f"; left out {plural(len(self.datasets), 'shardpack dataset')} inside SRC"
         return text
+
+    def report_lines(self) -> list[str]:
+        """What the command line prints before the summary line: the first skips, where the
+        rest are named, and the notes."""
+        lines = [f"skipped: {line}" for line in self.first_skips[:FIRST]]
+        total = sum(self.skipped.values())
+        if self.skip_report and total:
+            more = (f"the first {FIRST} of {total:,} shown; " if total > FIRST else "")
+            lines.append(f"skipped: {more}every skipped entry is named with its reason in "
+                         f"{self.skip_report}")
+        return lines + [f"note: {line}" for line in self.notes]
 
 
 def plural(n: int, one: str, many: str | None = None) -> str:
@@ -92,7 +112,8 @@ def plural(n: int, one: str, many: str | None = None) -> str:
 def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int | None = None,
          compression: str = "none", zstd_level: int = 3, resize: int | None = None,
          quality: int = 90, skip_bad: bool = False, layout: str = "auto", group: str = "auto",
-         check: str = "quick", workers: int | None = None, resume: bool = False,
+         check: str = "quick", follow_links: bool = False, allow_empty_classes: bool = False,
+         workers: int | None = None, resume: bool = False,
          overwrite: bool = False, executor: Executor | None = None, engine: str = "local",
          address: str | None = None, part: tuple[int, int] | None = None,
          progress: bool = False, storage_options: dict | None = None) -> PackSummary:
@@ -103,14 +124,19 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
     tasks, on the cluster at ``address`` for dask and ray; ``executor`` (any
     ``concurrent.futures.Executor``) overrides it.  ``part=(i, n)`` packs only the samples of
     part ``i`` of ``n`` (:func:`~shardpack.plan.part_of`), for ``shardpack merge`` later.
+    ``follow_links`` packs what links leading outside ``src`` point to (refused by default);
+    ``allow_empty_classes`` keeps a class folder without samples as a class (an error by
+    default, as torchvision's ImageFolder).
     Returns a :class:`PackSummary`.  Raises a :class:`~shardpack.errors.ShardpackError` subclass
     with a one-line message naming the file at fault; nothing is published on failure."""
     options = make_options(format=format, shard_size=shard_size, max_samples=max_samples,
                            compression=compression, zstd_level=zstd_level, resize=resize,
                            quality=quality, skip_bad=skip_bad, layout=layout, group=group,
-                           check=check)
+                           check=check, follow_links=follow_links,
+                           allow_empty_classes=allow_empty_classes)
     source = Source(src, layout=layout, group=group, skip_bad=skip_bad,
-                    exclude=_inside(out, src, storage_options), storage_options=storage_options)
+                    exclude=_inside(out, src, storage_options), follow_links=follow_links,
+                    allow_empty_classes=allow_empty_classes, storage_options=storage_options)
     return pack_source(source, out, options, origin={"source": source.src}, workers=workers,
                        resume=resume, overwrite=overwrite, executor=executor, engine=engine,
                        address=address, part=part, progress=progress,
@@ -119,12 +145,14 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
 
 def make_options(*, format: str, shard_size, max_samples: int | None, compression: str,
                  zstd_level: int, resize: int | None, quality: int, skip_bad: bool,
-                 layout: str, group: str = "auto", check: str = "quick") -> PackOptions:
+                 layout: str, group: str = "auto", check: str = "quick",
+                 follow_links: bool = False, allow_empty_classes: bool = False) -> PackOptions:
     """The :class:`PackOptions` of ``pack``'s and ``convert``'s keyword arguments."""
     return PackOptions(shard_format=format, shard_size=parse_size(shard_size),
                        max_samples=max_samples, compression=compression, zstd_level=zstd_level,
                        resize=resize, quality=quality, skip_bad=skip_bad, layout=layout,
-                       group=group, check=check)
+                       group=group, check=check, follow_links=follow_links,
+                       allow_empty_classes=allow_empty_classes)
 
 
 def _inside(out, src, storage_options) -> str | None:
@@ -191,6 +219,15 @@ def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, s
     files = _FileProgress(bar)
     planned = {"files": 0, "bytes": 0}
     runner = None
+    skips = SkipLog()
+    # every part of a --part split walks the whole tree: part 0 alone records the walk's skips
+    walk = not isinstance(source, PartOf) or source.index == 0
+
+    def take_walk_skips() -> None:
+        taken = source.report.take_skips()
+        if walk:
+            skips.add(taken, "walk")
+
     try:
         ready = time.perf_counter()
         runner = engine_of(engine, address, workers, executor)
@@ -206,6 +243,8 @@ def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, s
                                    source_options=source_options, files=files):
             results[result.number] = result
             summary.reused_shards += reused
+            skips.add(result.skips)
+            take_walk_skips()
             files.task_done(result, bool(reused))
             if bar is not None:
                 bar.set_postfix_str(
@@ -214,15 +253,20 @@ def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, s
         if not results and not isinstance(source, PartOf):  # (a part may be empty)
             raise ShardpackError("no samples found in the source", path=source.src,
                                  hint="check SRC, or the skip counts of --skip-bad")
-        _finish(storage, source, results, options, summary, origin.get("from"))
+        take_walk_skips()
+        _finish(storage, source, results, options, summary, origin.get("from"), skips)
     except BaseException as exc:
         if runner is not None:
             runner.stop()  # nothing may still write into OUT once its lock is released
         storage.remove_temp_files()
-        if isinstance(exc, ShardpackError):
-            _mark_failed(storage, state, exc)
+        if isinstance(exc, ShardpackError) and _mark_failed(storage, state, exc):
+            # say that the folder is free for the rerun the error asks for (docs/packing.md)
+            exc.hint = (f"{exc.hint}; " if exc.hint else "") + (
+                "nothing was published: rerun into the same OUT, with changed options if "
+                "need be")
         raise
     finally:
+        skips.close()
         writer.on_files = None
         if runner is not None:
             runner.close()
@@ -292,22 +336,31 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
     names = [n for n in storage.listdir() if not is_temp_name(n) and n != LOCK_NAME]
     ours = [n for n in names if is_ours(n)]
     foreign = [n for n in names if not is_ours(n)]
-    if names and not (resume or overwrite) and not foreign and fmt.MANIFEST_NAME not in names \
-            and _failed_run_of(storage, state):
-        # What a pack of the same source and options left when it failed with an error (bad
-        # input, disk full; nothing was published): the same command, rerun once the source is
-        # fixed, starts afresh instead of being refused.  An interrupted pack (killed, Ctrl-C)
-        # and a pack still running leave no failure mark: those stay refused (docs/packing.md).
+    failed = (names and not overwrite and not foreign and fmt.MANIFEST_NAME not in names
+              and _failed_run(storage, state))
+    if failed and (not resume or failed == "other"):
+        # What a pack left when it failed with an error (bad input, disk full): nothing was
+        # published, so there is no dataset to lose.  A rerun, with the same or other options
+        # (--skip-bad, say), starts afresh instead of being refused; --resume keeps complete
+        # shards only for the same source and options.  An interrupted pack (killed, Ctrl-C)
+        # and a pack still running leave no failure mark: those stay refused, so that the work
+        # of an interrupted pack is never thrown away without --overwrite (docs/packing.md).
         shards = sum(1 for n in ours if n.endswith(tuple(fmt.SHARD_SUFFIX.values())))
         for name in ours:
             storage.remove(name)
-        notes.append(f"removed what an unfinished pack left in OUT ({plural(shards, 'shard')}, "
-                     "never published); --resume would have kept its complete shards")
+        kept = ("; --resume would have kept its complete shards" if failed == "same"
+                else "")
+        notes.append(f"removed what a failed pack left in OUT ({plural(shards, 'shard')}, "
+                     f"never published){kept}")
         names = ours = []
     if names and not (resume or overwrite):
-        raise ShardpackError("output folder is not empty", path=storage.url,
-                             hint="pass --resume to finish an interrupted pack, or --overwrite "
-                                  "to replace the dataset there")
+        unfinished = fmt.MANIFEST_NAME not in names and STATE_NAME in names
+        raise ShardpackError("output folder is not empty" + (
+            ": an interrupted pack left its shards there" if unfinished else ""),
+            path=storage.url,
+            hint="rerun the same command with --resume to finish it, or pass --overwrite to "
+                 "start afresh" if unfinished else
+                 "choose an empty folder, or pass --overwrite to replace the dataset there")
     if foreign and (resume or overwrite):
         raise ShardpackError(f"output folder holds files shardpack did not write "
                              f"({foreign[0]!r}...); refusing to touch them", path=storage.url,
@@ -351,26 +404,29 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
     return notes
 
 
-def _mark_failed(storage: Storage, state: dict, exc: BaseException) -> None:
+def _mark_failed(storage: Storage, state: dict, exc: BaseException) -> bool:
     """Record in the pack state that this run ended with an error (see _prepare_out); not once
-    the manifest is written (the dataset is published, its state is gone)."""
+    the manifest is written (the dataset is published, its state is gone).  Whether it did."""
     try:
         if storage.exists(fmt.MANIFEST_NAME):
-            return
+            return False
         storage.write_atomic(STATE_NAME, json.dumps({**state, "failed": str(exc)},
                                                     sort_keys=True).encode())
+        return True
     except (OSError, ShardpackError):  # a full disk, say: then the folder stays refused
-        pass
+        return False
 
 
-def _failed_run_of(storage: Storage, state: dict) -> bool:
-    """Whether OUT's pack state says a run of this same source and options failed."""
+def _failed_run(storage: Storage, state: dict) -> str | None:
+    """Whether OUT's pack state says a run failed: "same" (this source and options), "other"
+    (others), or None (no failed run: none, or one interrupted or still running)."""
     try:
         previous = json.loads(storage.read_bytes(STATE_NAME))
     except (FileNotFoundError, ValueError, ShardpackError):
-        return False
-    return isinstance(previous, dict) and "failed" in previous and \
-        {k: v for k, v in previous.items() if k != "failed"} == state
+        return None
+    if not isinstance(previous, dict) or "failed" not in previous:
+        return None
+    return "same" if {k: v for k, v in previous.items() if k != "failed"} == state else "other"
 
 
 def _option_flag(name: str) -> str:
@@ -436,7 +492,7 @@ def _result(task: ShardTask, future: Future, files: _FileProgress | None = None
 
 
 def _finish(storage: Storage, source, results: dict, options: PackOptions,
-            summary: PackSummary, converted_from: str | None = None) -> None:
+            summary: PackSummary, converted_from: str | None, skips: SkipLog) -> None:
     ordered = [results[i] for i in sorted(results)]
     # every part of a --part split walks the whole tree: what the walk counted (bad entries,
     # hidden, ignored files) is recorded by part 0 only, so a merge of the parts counts it once
@@ -472,6 +528,10 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
         manifest["source"] = {"from": converted_from, "notes": list(source.report.notes)}
     if isinstance(source, PartOf):
         manifest["part"] = {"index": source.index, "count": source.count}
+    record = skips.publish(storage)  # before the manifest that points to it
+    if record is not None:
+        manifest["skip_report"] = record
+        summary.skip_report = storage.display(record["name"])
     # shards numbered past the plan's end come from an older, longer run: remove them
     for name in storage.listdir():
         if name.startswith("shard-") and is_ours(name):
@@ -495,6 +555,19 @@ def _finish(storage: Storage, source, results: dict, options: PackOptions,
                              f"samples, e.g. {report.first_ignored[0]}")
     if getattr(report, "excluded", None):
         summary.notes.append(f"left the output folder out of the walk: {report.excluded}")
+    datasets = getattr(report, "datasets", None) or []
+    if datasets:
+        shown = ", ".join(datasets[:5]) + (f" and {len(datasets) - 5:,} more"
+                                           if len(datasets) > 5 else "")
+        summary.notes.append(f"left out {plural(len(datasets), 'shardpack dataset')} inside "
+                             f"SRC (a folder holding {fmt.MANIFEST_NAME} or a pack's state): "
+                             f"{shown}")
+    summary.datasets = list(datasets)
+    if report.layout == "imagefolder" and getattr(report, "hidden_folders", None):
+        summary.notes.append(f"hidden top-level folders are not classes (torchvision's "
+                             f"ImageFolder would make them classes): "
+                             f"{', '.join(report.hidden_folders[:5])}")
+    summary.followed = getattr(report, "followed", 0)
     summary.skipped = dict(skipped)
     summary.fields = fields
     summary.classes = source.report.classes

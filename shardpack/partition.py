@@ -473,33 +473,130 @@ def mix_order(source_sizes: Sequence[Sequence[int]], counts: Sequence[int], *, s
     """One epoch of a mixture: mixture-global sample ids (source offset + the source's own id),
     ``sum(counts)`` of them, in order.
 
-    Each source is read as an endless stream of passes, pass ``p`` being the source's own
-    :func:`epoch_order` for ``p`` (a new order each pass; unshuffled: in order); epoch ``e``
-    takes positions ``e * c .. (e + 1) * c`` of it (``c = counts[s]``).  So a downsampled source
-    shows new samples each epoch until every one was seen once, and an upsampled one repeats
-    whole passes, each in a new order.  The sources are interleaved in proportion: the k-th
-    sample of a source goes at fraction ``(k + u) / c`` of the epoch (``u`` uniform in [0, 1)
-    with shuffle, 0.5 without), so any stretch of the order holds each source within 3 of its
-    share (tests/test_mix.py)."""
+    Each source is read as an endless stream of passes, each pass a permutation of the source
+    (:class:`_Passes`); epoch ``e`` takes positions ``e * c .. (e + 1) * c`` of it
+    (``c = counts[s]``).  So a downsampled source shows distinct samples in each epoch and new
+    ones each epoch until every one was seen once, and an upsampled one repeats whole passes,
+    each in a new order.  The sources are interleaved in proportion: the k-th sample of a source
+    goes at fraction ``(k + u) / c`` of the epoch (``u`` uniform in [0, 1) with shuffle, 0.5
+    without), so any stretch of the order holds each source within 3 of its share
+    (tests/test_mix.py)."""
     offsets = np.concatenate([[0], np.cumsum([int(np.sum(s)) for s in source_sizes])])
     ids, keys = [], []
     for s, (sizes, c) in enumerate(zip(source_sizes, counts, strict=True)):
-        n = int(np.sum(sizes))
         if c == 0:
             continue
-        start, stop = epoch * c, (epoch + 1) * c
-        parts = []
-        for p in range(start // n, (stop - 1) // n + 1):
-            order = epoch_order(sizes, seed=_source_seed(seed, s), epoch=p, shuffle=shuffle,
-                                block_size=block_size, window=window)
-            lo, hi = max(start, p * n) - p * n, min(stop, (p + 1) * n) - p * n
-            parts.append(order[lo:hi])
-        ids.append(np.concatenate(parts) + offsets[s])
+        passes = _Passes(sizes, c, seed=_source_seed(seed, s), shuffle=shuffle,
+                         block_size=block_size, window=window)
+        ids.append(passes.epoch(int(epoch)) + offsets[s])
         u = _rng(seed, epoch, s, 0x4D49).random(c) if shuffle else np.full(c, 0.5)
         keys.append((np.arange(c) + u) / c)
     if not ids:
         return np.zeros(0, dtype=np.int64)
     return np.concatenate(ids)[np.argsort(np.concatenate(keys), kind="stable")]
+
+
+# Mixed epochs before the passes of a downsampled source were rearranged read pass p as the
+# source's own epoch_order for p: version 1.  States record the version their epochs came from.
+MIX_ORDER_VERSION = 2
+
+
+def mix_order_changed(mix: Sequence[Sequence[int]], shuffle: bool, version: int) -> bool:
+    """Whether a mixture's epochs (``mix``: [samples, per epoch] of each source) differ between
+    mix order ``version`` and this one: version 1 differs only for a shuffled source that an
+    epoch reads across a pass boundary without whole passes (0 < count < size, not a divisor);
+    an unknown version, always."""
+    if version == MIX_ORDER_VERSION:
+        return False
+    if version != 1:
+        return True
+    return bool(shuffle) and any(0 < c < n and n % c for n, c in mix)
+
+
+class _Passes:
+    """One source of a mixture as an endless stream of passes: epoch ``e`` takes stream
+    positions ``e * c .. (e + 1) * c``, and pass ``p`` (positions ``p * n .. (p + 1) * n``) is a
+    permutation of the source (docs/mixing.md, "Where an epoch spans two passes").
+
+    Pass p starts from the source's own order for p (:func:`epoch_order`, its *base* order).
+    Where an epoch holds the end of pass p - 1 (``r = p * n % c`` samples, its *tail*) and the
+    start of pass p (``c - r``, its *head*), the two must not share a sample, so a shuffled
+    downsampled source's pass is rearranged:
+
+    * pass p holds a whole epoch after its head (``r + n - c >= c``, always when c <= n / 2):
+      the previous tail's members are moved, in base order, to just before pass p's own tail.
+      Its own tail stays base order, so the next pass needs one pass of look-back.
+    * it does not (only when c > n / 2): the pass is a head and a tail only, so its head must
+      lie inside the previous pass's head and the heads of such a run of passes nest.  The
+      run starts after a pass b of the first kind (or one that starts with an epoch); the heads
+      are the first ``c - r`` members of pass b + 1's base order not in b's tail, each pass
+      ordering its head and then its tail by its own base order.  The run's start is
+      arithmetic, so a pass costs O(n) whatever the run's length.
+
+    Unshuffled (every base order the same) and with ``c >= n`` the base orders are kept."""
+
+    def __init__(self, sizes: Sequence[int], count: int, *, seed: int, shuffle: bool,
+                 block_size: int, window: int):
+        self.sizes, self.n, self.c = sizes, int(np.sum(sizes)), int(count)
+        self.d = self.n - self.c  # what each pass holds beyond one epoch
+        self._kw = dict(seed=seed, shuffle=shuffle, block_size=block_size, window=window)
+        self._rearrange = bool(shuffle) and 0 < self.c < self.n
+        self._base: dict[int, np.ndarray] = {}
+
+    def epoch(self, e: int) -> np.ndarray:
+        n, start, stop = self.n, e * self.c, (e + 1) * self.c
+        parts = []
+        for p in range(start // n, (stop - 1) // n + 1):
+            lo, hi = max(start, p * n) - p * n, min(stop, (p + 1) * n) - p * n
+            parts.append(self.order(p)[lo:hi])
+        return np.concatenate(parts)
+
+    def base(self, p: int) -> np.ndarray:
+        cached = self._base.get(p)
+        if cached is None:
+            cached = self._base[p] = epoch_order(self.sizes, epoch=p, **self._kw)
+        return cached
+
+    def _opens(self, p: int) -> int:
+        """``r``: samples of the epoch that pass p continues, read at the end of pass p - 1."""
+        return p * self.n % self.c
+
+    def _free(self, p: int) -> bool:
+        """Whether pass p's own tail is its base order's: it starts with an epoch, or holds a
+        whole epoch after its head."""
+        r = self._opens(p)
+        return r == 0 or r + self.d >= self.c
+
+    def order(self, p: int) -> np.ndarray:
+        base = self.base(p)
+        if not self._rearrange or self._opens(p) == 0:
+            return base
+        if self._free(p):
+            own = self._opens(p + 1)  # pass p's own tail, read by the epoch after it
+            body = base[:self.n - own]
+            late = self._tail(p - 1)[body]
+            return np.concatenate([body[~late], body[late], base[self.n - own:]])
+        first = self._head(p)[base]
+        return np.concatenate([base[first], base[~first]])
+
+    def _tail(self, p: int) -> np.ndarray:
+        """Mask of the members of pass p's tail."""
+        if not self._free(p):
+            return ~self._head(p)
+        mask = np.zeros(self.n, dtype=bool)
+        mask[self.base(p)[self.n - self._opens(p + 1):]] = True
+        return mask
+
+    def _head(self, p: int) -> np.ndarray:
+        """Mask of the members of the head of pass p, one of a run of passes that are a head
+        and a tail only: ``r`` grows by ``d`` a pass along the run, from (0, d] at its first."""
+        r = self._opens(p)
+        b = p - -(-r // self.d)  # the pass before the run, whose tail is its base order's
+        rank = self.base(b + 1)
+        rank = rank[~self._tail(b)[rank]]
+        mask = np.zeros(self.n, dtype=bool)
+        mask[rank[:self.c - r]] = True
+        return mask
 
 
 def _source_seed(seed: int, source: int) -> int:

@@ -31,7 +31,8 @@ from dataclasses import field as dataclass_field
 import numpy as np
 
 from .errors import DecodeError, ShardpackError
-from .images import decode_rgb, header_info
+from .headers import header_info
+from .images import decode_rgb
 from .reader import DatasetReader
 from .stats import (LABEL_FIELD, fetch_samples, human, image_field, keys_carry_classes,
                     label_text, label_values, load_indexes)

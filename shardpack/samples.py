@@ -37,14 +37,18 @@ from typing import Iterator, NamedTuple
 
 from .errors import PackError, ShardpackError, SourceError
 from .fields import FieldReader, InlineValue, LocalFiles, RemoteFiles
-from .format import check_field_name, split_name, unsafe_name_reason
+from .format import MANIFEST_NAME, check_field_name, split_name, unsafe_name_reason
 from .images import IMAGE_EXTENSIONS
+from .outdir import STATE_NAME
 
 LISTING_SUFFIXES = (".csv", ".jsonl")
 # pieces of a walk on an engine listed at once, at most: each comes back to the driver whole
 # (its samples, ~560 B each), so this bounds the driver's memory (docs/scale.md)
 WALK_AHEAD = 32
 LAYOUTS = ("auto", "imagefolder", "files")
+# a folder holding one of these is a shardpack dataset (or one a pack is writing or failed to
+# finish): never walked.  The manifest first: on object stores only it is looked for at the top
+DATASET_MARKERS = (MANIFEST_NAME, STATE_NAME)
 GROUPS = ("auto", "image", "webdataset")
 
 
@@ -117,7 +121,13 @@ class SourceReport:
     ignored: int = 0  # files that are neither images nor sidecars of one (group "image")
     first_ignored: list[str] = field(default_factory=list)
     excluded: str | None = None  # a folder left out of the walk (the output, inside SRC)
+    datasets: list[str] = field(default_factory=list)  # shardpack datasets inside SRC, left out
+    followed: int = 0  # links leading outside SRC that --follow-links followed
+    hidden_folders: list[str] = field(default_factory=list)  # at the top: never classes
     first_skips: list[str] = field(default_factory=list)
+    # every skip as (reason, path, message), until the packer takes them into its skip report
+    # (:meth:`take_skips`); bounded by what the walk finds between two finished shards
+    skips: list[tuple[str, str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # source metadata that was not carried over
 
     def add(self, other: "SourceReport") -> None:
@@ -126,8 +136,11 @@ class SourceReport:
         self.hidden += other.hidden
         self.images += other.images
         self.ignored += other.ignored
+        self.followed += other.followed
         self.first_ignored += other.first_ignored[:5 - len(self.first_ignored)]
         self.first_skips += other.first_skips[:20 - len(self.first_skips)]
+        self.skips += other.skips
+        self.datasets += other.datasets
         self.excluded = self.excluded or other.excluded
 
     def bad(self, skip_bad: bool, where: str, reason: str, kind: str, hint: str) -> None:
@@ -136,8 +149,14 @@ class SourceReport:
         if not skip_bad:
             raise SourceError(reason, path=where, hint=hint)
         self.skipped[kind] += 1
+        self.skips.append((kind, str(where), reason))
         if len(self.first_skips) < 20:
             self.first_skips.append(f"{where}: {reason}")
+
+    def take_skips(self) -> list[tuple[str, str, str]]:
+        """The skips found since the last call, as (reason, path, message); forgets them."""
+        out, self.skips = self.skips, []
+        return out
 
 
 class Source:
@@ -145,9 +164,13 @@ class Source:
 
     def __init__(self, src: str | os.PathLike, *, layout: str = "auto", group: str = "auto",
                  skip_bad: bool = False, exclude: str | None = None,
+                 follow_links: bool = False, allow_empty_classes: bool = False,
                  storage_options: dict | None = None):
         """``exclude``: a folder (real path) under SRC left out of the walk: the output folder
-        when it lies inside SRC, so a pack never packs its own shards.  SRC is a local path
+        when it lies inside SRC, so a pack never packs its own shards.  ``follow_links``: links
+        leading outside SRC are followed (files and folders) and counted, not refused.
+        ``allow_empty_classes``: a class folder without samples stays a class (torchvision's
+        ``ImageFolder(allow_empty=True)``) instead of stopping the walk.  SRC is a local path
         (made absolute here: tasks may run in another folder or on another machine) or any URL
         the storage layer knows (``s3://bucket/tree``): the walk lists it through fsspec."""
         from .storage import Storage
@@ -158,6 +181,8 @@ class Source:
         # built from it would hold "//" (a different key on object stores)
         self.src = self.storage.root if self.local else self.storage.url.rstrip("/")
         self.skip_bad = skip_bad
+        self.follow_links = follow_links
+        self.allow_empty_classes = allow_empty_classes
         self.report = SourceReport()
         self._exclude = exclude
         self._field_ok: dict[str, str | None] = {}  # field name -> why it is refused (cache)
@@ -213,9 +238,14 @@ class Source:
             yield from _read_listing(self.src, self)
             return
         units = self.units()
+        classes = _ClassCheck(self)
         if self._runner is None:
             for unit in units:
-                yield from self.walk_unit(unit)
+                classes.enter(unit)
+                for sample in self.walk_unit(unit):
+                    classes.count += 1
+                    yield sample
+            classes.enter(None)
             return
         from functools import partial
 
@@ -232,7 +262,10 @@ class Source:
                                 f"{type(exc).__name__}: {exc}".splitlines()[0],
                                 path=unit[0]) from None
             self.report.add(report)
+            classes.enter(unit)
+            classes.count += len(samples)
             yield from samples
+        classes.enter(None)
 
     def units(self) -> list[tuple]:
         """The walk in independent pieces, in walk order: (folder, rel, class index or None,
@@ -315,7 +348,8 @@ class Source:
         """What a worker needs to walk a unit (:func:`walk_unit`): picklable, no listings."""
         return {"src": self.src, "storage_options": self.storage.storage_options,
                 "skip_bad": self.skip_bad, "exclude": self._exclude, "root": self.root,
-                "layout": self.report.layout, "group": self.report.group}
+                "layout": self.report.layout, "group": self.report.group,
+                "follow_links": self.follow_links}
 
     @classmethod
     def from_state(cls, state: dict) -> "Source":
@@ -326,6 +360,7 @@ class Source:
         self.local = self.storage.local
         self.src, self.root = state["src"], state["root"]
         self.skip_bad, self._exclude = state["skip_bad"], state["exclude"]
+        self.follow_links, self.allow_empty_classes = state["follow_links"], True
         self.report = SourceReport(layout=state["layout"], group=state["group"])
         self._field_ok, self._runner = {}, None
         return self
@@ -336,8 +371,23 @@ class Source:
                         "fix or remove it, or pass --skip-bad to skip and count such entries")
 
     def _detect(self, layout: str) -> str:
-        entries = [(name, is_dir) for name, path, is_dir in self._entries(self.src)
-                   if not name.startswith(".") and not self._excluded(path)]
+        """The layout, and for an ImageFolder its classes: the top-level folders, sorted by
+        name, as torchvision's ``ImageFolder`` finds them (links to folders included), less
+        hidden folders, a shardpack dataset and OUT (docs/packing.md, "Classes")."""
+        if self.local and os.path.exists(f"{self.src}/{MANIFEST_NAME}") or not self.local and \
+                self.storage.fs.exists(f"{self.storage.root.rstrip('/')}/{MANIFEST_NAME}"):
+            raise SourceError(f"source folder is a shardpack dataset (it holds {MANIFEST_NAME})",
+                              path=self.src, hint="point SRC at the files to pack; `shardpack "
+                                                  "unpack` turns a dataset back into files")
+        entries = []
+        for name, path, is_dir in self._entries(self.src):
+            if name.startswith(".") and is_dir:
+                self.report.hidden_folders.append(name)
+            if name.startswith(".") or self._excluded(path):
+                continue
+            if is_dir and (not self._top_link_ok(path) or self._is_dataset_folder(path)):
+                continue
+            entries.append((name, is_dir))
         if not entries:
             raise SourceError("source folder is empty", path=self.src,
                               hint="point SRC at a folder holding your files")
@@ -350,6 +400,38 @@ class Source:
                                   f"found file {not_dirs[0]!r}", path=self.src)
             self.report.classes = [name for name, _ in entries]
         return layout
+
+    def _top_link_ok(self, path: str) -> bool:
+        """A top-level folder that is a link: one leading outside SRC is refused like any other
+        outside link (a class made of files the user did not point at), or followed and counted
+        with ``follow_links``.  The walk below checks deeper links itself (:meth:`_classify`)."""
+        if not self.local or not os.path.islink(path):
+            return True
+        real = os.path.realpath(path)
+        if within(real, self.root):
+            return True
+        if self.follow_links:
+            self.report.followed += 1
+            return True
+        self._bad(path, f"folder link points outside the source ({real})", "link-outside")
+        return False
+
+    def _is_dataset_folder(self, path: str) -> bool:
+        """Whether a folder holds a shardpack dataset (its manifest, or a pack's lock or state:
+        one in the making): never samples of this pack, whatever its name.  Noted in the
+        report.  One stat locally; one request per top-level folder on a store (below the top
+        level the walk finds the manifest in the folder's own listing, :meth:`_list`)."""
+        try:
+            if self.local:
+                found = any(os.path.lexists(f"{path}/{name}") for name in DATASET_MARKERS)
+            else:
+                on_store = self.storage.root.rstrip("/") + path[len(self.src):]
+                found = self.storage.fs.exists(f"{on_store}/{DATASET_MARKERS[0]}")
+        except OSError:
+            return False  # the walk reports a folder it cannot read
+        if found:
+            self.report.datasets.append(path)
+        return found
 
     def _entries(self, folder: str, follow: bool = True) -> list[tuple[str, str, bool]]:
         """(name, path, is a folder) of a folder's entries, sorted; [] if it cannot be listed
@@ -419,6 +501,9 @@ class Source:
         except OSError as exc:
             self._bad(folder, f"cannot list folder: {exc.strerror or exc}", "unreadable")
             return None
+        if entries is None:  # a shardpack dataset: left out whole, and named
+            self.report.datasets.append(folder)
+            return [], []
         files, dirs = [], []
         by_image = self.report.group == "image"
         field_ok = self._field_ok
@@ -458,7 +543,10 @@ class Source:
         """(name, path, size or None for a folder, mtime_ns) of a local folder's usable
         entries.  This loop runs once per file of the dataset: plain local operations."""
         out = []
-        for entry in _scandir_sorted(folder):
+        listed = _scandir_sorted(folder)
+        if any(entry.name in DATASET_MARKERS for entry in listed):
+            return None
+        for entry in listed:
             name = entry.name
             path = f"{folder}/{name}"
             if not self._usable_name(name, path):
@@ -487,7 +575,10 @@ class Source:
         files there; the modification time, where the store gives one, guards against a
         file changing during the pack."""
         out = []
-        for name, path, info in self._ls(folder):
+        listed = self._ls(folder)
+        if any(name == DATASET_MARKERS[0] for name, _, _ in listed):
+            return None
+        for name, path, info in listed:
             if not self._usable_name(name, path):
                 continue
             if info.get("type") == "directory":
@@ -570,15 +661,24 @@ class Source:
         return out
 
     PEEK_FOLDERS = 8  # folders holding files that _holds_images looks at, at most
+    PEEK_LISTINGS = 256  # folder listings it reads at most (empty folders, links)
 
     def _holds_images(self) -> bool:
         """Whether the tree holds images, judged from the first PEEK_FOLDERS folders (walk order)
         that hold files: an ImageFolder of images groups one sample per image, one of other files
         (audio, arrays) keeps WebDataset grouping.  A folder of only junk (Thumbs.db) does not
-        decide it; a few listings are read, not the tree."""
-        looked, stack = 0, [self.src]
-        while stack:
-            entries = self._entries(stack.pop(), follow=False)  # (links: no loops)
+        decide it; a few listings are read, not the tree.  Links to folders are looked into (a
+        tree of class folders that are links is common), each real folder once (no loops)."""
+        looked, listed, stack, seen = 0, 0, [self.src], set()
+        while stack and listed < self.PEEK_LISTINGS:
+            folder = stack.pop()
+            if self.local:
+                real = os.path.realpath(folder)
+                if real in seen:
+                    continue
+                seen.add(real)
+            entries = self._entries(folder)
+            listed += 1
             names = [n for n, _, is_dir in entries if not is_dir and not n.startswith(".")]
             if any(n.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for n in names):
                 return True
@@ -614,13 +714,16 @@ class Source:
         try:
             if entry.is_symlink():
                 real = os.path.realpath(path)
-                if not within(real, self.root):
+                outside = not within(real, self.root)
+                if outside and not self.follow_links:
                     self._bad(path, f"symlink points outside the source ({real})", "link-outside")
                     return None, None
                 st = os.stat(path)
                 if stat.S_ISDIR(st.st_mode) and real in ancestors:
-                    self._bad(path, "symlink loop (links back to a parent folder)", "link-loop")
+                    self._bad(path, f"symlink loop: links back to {real}, a folder it lies in",
+                              "link-loop")
                     return None, None
+                self.report.followed += outside
             else:
                 st = entry.stat(follow_symlinks=False)
         except OSError as exc:
@@ -640,6 +743,36 @@ class Source:
             self._bad(path, f"is a {what}, not a regular file (never opened)", "special")
             return None, None
         return "file", st
+
+
+class _ClassCheck:
+    """Counts the samples the walk finds in each class folder and stops the walk at the end of
+    a class folder that gave none: as torchvision's ``ImageFolder``, which refuses such a folder
+    unless ``allow_empty=True`` (``--allow-empty-classes``).  A silent empty class would still
+    take a label and shift every later one against loaders that leave it out.  A class's
+    pieces of the walk (:meth:`Source.units`) come one after another."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self.active = source.report.layout == "imagefolder" and not source.allow_empty_classes
+        self.cls: int | None = None
+        self.count = 0
+
+    def enter(self, unit: tuple | None) -> None:
+        """The walk moves to ``unit`` (None: the walk ended): check the class it leaves."""
+        cls = None if unit is None else unit[2]
+        if cls == self.cls:
+            return
+        if self.active and self.cls is not None and self.count == 0:
+            name = self.source.report.classes[self.cls]
+            skipped = (" (its bad entries were skipped)" if self.source.report.skipped
+                       else "")
+            raise SourceError(f"class folder {name!r} holds no samples{skipped}",
+                              path=f"{self.source.src}/{name}",
+                              hint="remove it, or pass --allow-empty-classes to keep it as a "
+                                   "class without samples, as torchvision's ImageFolder("
+                                   "allow_empty=True) does")
+        self.cls, self.count = cls, 0
 
 
 def walk_unit(state: dict, unit: tuple) -> tuple[list[SourceSample], "SourceReport"]:

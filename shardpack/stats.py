@@ -7,9 +7,14 @@
   against its index hash), and the report says it is a sample.
 * Per-field size percentiles, from the indexes' sizes: no sample bytes are read.
 * Image sizes from headers only: the first 16 KB of the image of at most ``sample`` random
-  samples (256 KB for the few whose headers run longer; compressed shards: the whole sample).
-  These header bytes cannot be checked against the index hash (it covers whole samples): the
+  samples, then, for the few whose headers run longer (JPEG APPn segments: ICC profiles, EXIF
+  thumbnails, XMP; a TIFF directory after the pixels), the bytes the header parser names next,
+  in rounds; compressed shards: the whole sample.  An image whose header the parser cannot read
+  is read whole and handed to Pillow, then decoded: "unreadable" is only an image that does not
+  decode.  Header bytes cannot be checked against the index hash (it covers whole samples): the
   report says so; ``shardpack verify`` is the check.
+* Every count adds up, and the report says how: samples looked at = sized + unreadable + without
+  an image field; labels looked at = in the classes + outside them + without a label + unread.
 * Imbalance warnings: empty classes, classes under ``min_share`` of the median class's count,
   labels that are not one of the classes.
 
@@ -27,12 +32,14 @@ from dataclasses import field as dataclass_field
 import numpy as np
 
 from .errors import DecodeError, FormatError, ShardpackError
-from .images import check_image, header_info, is_image_field
+from .headers import HeaderShort, header_info, read_header
+from .images import check_image, content_format, is_image_field
 from .reader import DatasetReader, decode_sample
 
 LABEL_FIELD = "cls"  # the class label field (shardpack.batches.LABEL_FIELDS, without torch)
-HEAD_BYTES = 16 << 10      # image header read: enough for JPEG tables and a small EXIF block
-HEAD_BYTES_MORE = 256 << 10  # second try for headers that run longer (EXIF thumbnails, ICC)
+NO_LABEL = "(no label)"  # ClassCounts.outside: samples without a label
+HEAD_BYTES = 16 << 10      # first image header read: most headers end well within it
+HEAD_GAP = 64 << 10        # a header's next bytes this near those held: read the gap too
 FETCH_CHUNK = 128          # samples per concurrent ranged read (bounds memory)
 PERCENTILES = (50, 90, 99)
 BAR_WIDTH = 40
@@ -212,6 +219,7 @@ def human(n: float) -> str:
 class ClassCounts:
     names: list[str]          # one row per class (the manifest's order), or per label value
     counts: list[int]
+    # read == sum(counts) + sum(outside.values()); read + len(bad) samples were looked at
     read: int                 # samples counted
     total: int                # samples in the dataset
     source: str               # "keys" (every sample) or "labels" (read from samples)
@@ -219,8 +227,12 @@ class ClassCounts:
     bad: list = dataclass_field(default_factory=list)      # samples that could not be read
 
     @property
-    def sampled(self) -> bool:
-        return self.read < self.total
+    def looked(self) -> int:
+        return self.read + len(self.bad)
+
+    @property
+    def sampled(self) -> bool:  # a random part of the dataset (unreadable samples aside)
+        return self.looked < self.total
 
 
 def class_counts(reader: DatasetReader, opts: StatsOptions) -> ClassCounts | None:
@@ -254,14 +266,14 @@ def class_counts(reader: DatasetReader, opts: StatsOptions) -> ClassCounts | Non
     classes = m.classes
     if classes is not None:
         counts = [values.pop(i, 0) for i in range(len(classes))]
-        outside = {("(no label)" if v is None else str(v)): n for v, n in values.items()}
+        outside = {(NO_LABEL if v is None else str(v)): n for v, n in values.items()}
         return ClassCounts(list(classes), counts, len(ids) - len(bad), total, source,
                            outside, bad)
     missing = values.pop(None, 0)
     order = sorted(values, key=lambda v: (isinstance(v, str), v))
     return ClassCounts([str(v) for v in order], [values[v] for v in order],
                        len(ids) - len(bad), total, source,
-                       {"(no label)": missing} if missing else {}, bad)
+                       {NO_LABEL: missing} if missing else {}, bad)
 
 
 def imbalance(cc: ClassCounts, min_share: float) -> list[str]:
@@ -287,11 +299,14 @@ def imbalance(cc: ClassCounts, min_share: float) -> list[str]:
             out.append(f"{len(rare):,} classes have under {min_share:.0%} of the median "
                        f"class's {median:,.0f} samples{where}: "
                        + _some(f"{n!r} ({c:,})" for n, c in rare))
-    if cc.outside:
-        n = sum(cc.outside.values())
+    outside = {k: v for k, v in cc.outside.items() if k != NO_LABEL}
+    if outside:
+        n = sum(outside.values())
         what = "samples are in class folders" if cc.source == "keys" else "samples have labels"
         out.append(f"{n:,} {what} that are not classes of the manifest: "
-                   + _some(f"{k} ({v:,})" for k, v in cc.outside.items()))
+                   + _some(f"{k} ({v:,})" for k, v in outside.items()))
+    if cc.outside.get(NO_LABEL):
+        out.append(f"{cc.outside[NO_LABEL]:,} samples{where} have no label")
     if cc.bad:
         out.append(f"{len(cc.bad):,} samples could not be read: {cc.bad[0]}")
     return out
@@ -347,13 +362,14 @@ def _sizes(name: str, parts: list) -> FieldSizes:
 
 @dataclass
 class ImageSizes:
-    read: int                # samples whose image header was read
+    # read == len(sizes) + len(unreadable) + no_image: every sample looked at is one of the three
+    read: int                # samples looked at
     total: int               # samples in the dataset
-    fields: Counter          # image field -> samples
-    sizes: list              # (width, height) per readable header
+    fields: Counter          # image field -> sized images
+    sizes: list              # (width, height) per sized image
     formats: Counter
-    no_image: int = 0        # sampled samples without an image field
-    unreadable: list = dataclass_field(default_factory=list)  # "key: reason"
+    no_image: int = 0        # samples looked at without an image field
+    unreadable: list = dataclass_field(default_factory=list)  # "key: reason" (does not decode)
     checked: bool = False    # whole samples read (compressed shards): hash-checked
 
     def percentiles(self, which: int) -> dict:
@@ -379,7 +395,8 @@ def image_sizes(reader: DatasetReader, opts: StatsOptions) -> ImageSizes | None:
             except DecodeError:
                 result.no_image += 1
                 continue
-            _note_header(result, sample["__key__"], name, sample[name], True, True)
+            data = sample[name]
+            _note_header(result, sample["__key__"], name, [(0, data)], len(data))
         return result
     wanted = []  # (key, field, shard name, start, size)
     shards, rows = reader.locate_many(ids)
@@ -392,46 +409,82 @@ def image_sizes(reader: DatasetReader, opts: StatsOptions) -> ImageSizes | None:
             continue
         starts, sizes = index.field_spans[name]
         wanted.append((index.key(r), name, reader.shards[s].name, int(starts[r]), int(sizes[r])))
-    retry = _read_headers(reader, result, wanted, HEAD_BYTES, final=False)
-    _read_headers(reader, result, retry, HEAD_BYTES_MORE, final=True)
+    _read_headers(reader, result, wanted)
     return result
 
 
-def _read_headers(reader, result: ImageSizes, wanted: list, limit: int, final: bool) -> list:
-    """Read the first ``limit`` bytes of each wanted image and note its size; returns those
-    whose header needs more bytes (all noted as unreadable when ``final``)."""
-    retry = []
-    for at in range(0, len(wanted), 4 * FETCH_CHUNK):
-        part = wanted[at:at + 4 * FETCH_CHUNK]
-        got = _read(reader, [(shard, start, start + min(size, limit))
-                             for _, _, shard, start, size in part])
-        for item, data in zip(part, got, strict=True):
-            whole = len(data) == item[4]
-            if not _note_header(result, item[0], item[1], data, whole or final, whole):
-                retry.append(item)
-    return retry
+def _read_headers(reader, result: ImageSizes, wanted: list) -> None:
+    """Note the size of each wanted image from ranged reads of its header: first HEAD_BYTES,
+    then, in rounds (all images still short side by side), the bytes its parser names next
+    (:class:`HeaderShort`), never past the field's size."""
+    todo = [(item, [], 0, min(item[4], HEAD_BYTES)) for item in wanted]
+    while todo:
+        later = []
+        for at in range(0, len(todo), 4 * FETCH_CHUNK):
+            part = todo[at:at + 4 * FETCH_CHUNK]
+            got = _read(reader, [(item[2], item[3] + lo, item[3] + hi)
+                                 for item, _, lo, hi in part])
+            for (item, parts, lo, _), data in zip(part, got, strict=True):
+                _merge(parts, lo, data)
+                span = _note_header(result, item[0], item[1], parts, item[4])
+                if span is not None:
+                    later.append((item, parts, *span))
+        todo = later
 
 
-def _note_header(result: ImageSizes, key: str, field: str, data, last: bool,
-                 whole: bool) -> bool:
-    """Note the size in the image header ``data`` (``whole``: the whole image); False when it
-    needs more bytes (and ``last`` is False)."""
-    from PIL import Image
+def _merge(parts: list, lo: int, data) -> None:
+    """Add the window ``[lo, lo + len(data))`` to ``parts`` (sorted, joined where they touch)."""
+    merged: list = []
+    for start, chunk in sorted([*parts, (lo, bytes(data))], key=lambda p: p[0]):
+        if merged and start <= merged[-1][0] + len(merged[-1][1]):
+            first, held = merged[-1]
+            end = first + len(held)
+            if start + len(chunk) > end:
+                merged[-1] = (first, held + chunk[end - start:])
+        else:
+            merged.append((start, chunk))
+    parts[:] = merged
 
+
+def _next_span(parts: list, short: HeaderShort, size: int) -> tuple[int, int]:
+    """The bytes to read for a header that needs ``[short.at, short.need)``: near a window held
+    (a JPEG's next segment), that window grows, at least doubling, so a long run of APPn segments
+    takes a few rounds; far beyond (a TIFF directory at the end of the file) a window of its own
+    is read, not the bytes between."""
+    start, held = max((p for p in parts if p[0] <= short.at), key=lambda p: p[0])
+    end = start + len(held)
+    if short.at - end <= max(len(held), HEAD_GAP):
+        return end, min(size, max(short.need + HEAD_BYTES, end + len(held)))
+    return short.at, min(size, short.need + HEAD_BYTES)
+
+
+def _note_header(result: ImageSizes, key: str, field: str, parts: list,
+                 size: int) -> tuple[int, int] | None:
+    """Note the size of the image of ``size`` bytes whose windows ``parts`` are at hand; returns
+    the span to read next where they are not enough.  Unreadable is only an image that does not
+    decode: where the header parser fails, the whole image goes to :func:`header_info` (Pillow,
+    then a full decode) before it is called so."""
     try:
-        size, kind = header_info(data)
-    except Exception as exc:  # noqa: BLE001 - Pillow raises many types for bad headers
-        if not last:
-            return False
-        reason = (check_image(data, field) if whole else None) or str(exc)
-        if isinstance(exc, Image.UnidentifiedImageError) and reason == str(exc):
-            reason = "Pillow does not recognise the header"
-        result.unreadable.append(f"{key!r}: {reason or type(exc).__name__}")
-        return True
+        (width, height), kind = read_header(parts, size)
+    except HeaderShort as short:
+        return _next_span(parts, short, size)
+    except ValueError:
+        data = parts[0][1]  # (the window from byte 0)
+        if len(data) < size:
+            if content_format(data) is None:  # not an image format shardpack decodes
+                result.unreadable.append(f"{key!r}: {check_image(data, field)}")
+                return None
+            return len(data), size
+        try:
+            (width, height), kind = header_info(data)
+        except Exception as exc:  # noqa: BLE001 - Pillow raises many types for bad data
+            reason = check_image(data, field) or str(exc) or type(exc).__name__
+            result.unreadable.append(f"{key!r}: {reason}")
+            return None
     result.fields[field] += 1
-    result.sizes.append(size)
+    result.sizes.append((width, height))
     result.formats[kind] += 1
-    return True
+    return None
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -465,11 +518,13 @@ class DatasetStats:
         return {
             "classes": None if cc is None else {
                 "names": cc.names, "counts": cc.counts, "read": cc.read, "total": cc.total,
-                "source": cc.source, "outside": cc.outside, "unread": len(cc.bad)},
+                "looked": cc.looked, "source": cc.source, "outside": cc.outside,
+                "unread": len(cc.bad)},
             "field_sizes": {f.field: {"samples": f.samples, "bytes": f.total, **f.points}
                             for f in self.fields},
             "images": None if im is None else {
-                "read": im.read, "total": im.total, "fields": dict(im.fields),
+                "read": im.read, "total": im.total, "sized": len(im.sizes),
+                "fields": dict(im.fields),
                 "formats": dict(im.formats), "width": im.percentiles(0),
                 "height": im.percentiles(1), "common": _common(im, 10),
                 "no_image": im.no_image, "unreadable": len(im.unreadable),
@@ -501,21 +556,40 @@ class DatasetStats:
         save_figure(fig, path)
 
 
+def _which(looked: int, total: int) -> str:
+    return f"all {total:,} samples" if looked >= total else \
+        f"a random {looked:,} of {total:,} samples (a sample)"
+
+
 def _class_source(cc: ClassCounts) -> str:
     if cc.source == "keys":
         return f"all {cc.total:,} samples, class from each key's class folder"
     if cc.source == "label-spans":
-        return (f"labels of a random {cc.read:,} of {cc.total:,} samples, read alone (a few "
-                "bytes each; not hash-checked: the hash covers the whole sample)")
-    if cc.sampled:
-        return f"labels of a random {cc.read:,} of {cc.total:,} samples (a sample)"
-    return f"labels of all {cc.total:,} samples"
+        return (f"labels of {_which(cc.looked, cc.total)}, read alone (a few bytes each; not "
+                "hash-checked: the hash covers the whole sample)")
+    return f"labels of {_which(cc.looked, cc.total)}"
+
+
+def _class_count(cc: ClassCounts) -> str:
+    """The line that says where every sample looked at went."""
+    inside = sum(cc.counts)
+    parts = [f"{inside:,} in the classes below"]
+    outside = {k: v for k, v in cc.outside.items() if k != NO_LABEL}
+    if outside:
+        what = "in folders that are not classes" if cc.source == "keys" else \
+            "with labels that are not classes"
+        parts.append(f"{sum(outside.values()):,} {what}")
+    if cc.outside.get(NO_LABEL):
+        parts.append(f"{cc.outside[NO_LABEL]:,} without a label")
+    if cc.bad:
+        parts.append(f"{len(cc.bad):,} could not be read")
+    return f"  {cc.looked:,} samples: " + ", ".join(parts)
 
 
 def _class_lines(cc: ClassCounts | None) -> list[str]:
     if cc is None:
         return ["histogram no labels (no 'cls' field)"]
-    out = [f"histogram {len(cc.names):,} classes, {_class_source(cc)}"]
+    out = [f"histogram {len(cc.names):,} classes, {_class_source(cc)}", _class_count(cc)]
     if not cc.names:
         return out
     rows = list(zip(cc.names, cc.counts, strict=True))
@@ -546,10 +620,11 @@ def _image_lines(im: ImageSizes | None) -> list[str]:
         return ["images    no image fields"]
     how = "read whole (compressed shards), hash-checked" if im.checked else \
         "read from the image headers only: not hash-checked ('shardpack verify' checks)"
-    what = f"all {im.total:,} samples" if im.read == im.total else \
-        f"a random {im.read:,} of {im.total:,} samples (a sample)"
     fields = ", ".join(f"{k} {v:,}" for k, v in im.fields.most_common())
-    out = [f"images    pixel sizes of {what}; fields: {fields or 'none'}", f"  {how}"]
+    why = "do not decode, or fail their hash check" if im.checked else "do not decode"
+    out = [f"images    pixel sizes of {_which(im.read, im.total)}", f"  {how}",
+           f"  {im.read:,} samples: {len(im.sizes):,} sized{f' ({fields})' if fields else ''}, "
+           f"{len(im.unreadable):,} unreadable ({why}), {im.no_image:,} without an image field"]
     if im.sizes:
         for which, name in ((0, "width"), (1, "height")):
             p = im.percentiles(which)
@@ -559,10 +634,8 @@ def _image_lines(im: ImageSizes | None) -> list[str]:
         common = ", ".join(f"{w}x{h} {c / n:.0%}" for w, h, c in _common(im, 5))
         out.append(f"  common  {common} ({len(set(im.sizes)):,} distinct)")
         out.append("  formats " + ", ".join(f"{k} {v:,}" for k, v in im.formats.most_common()))
-    if im.no_image:
-        out.append(f"  {im.no_image:,} sampled samples have no image field")
     if im.unreadable:
-        out.append(f"  {len(im.unreadable):,} headers unreadable, e.g. {im.unreadable[0]}")
+        out.append(f"  unreadable: {_some(im.unreadable, 3)}")
     return out
 
 

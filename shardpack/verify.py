@@ -11,6 +11,7 @@ an older release) is named too.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Sequence
@@ -18,6 +19,7 @@ from typing import Sequence
 from . import format as fmt
 from .errors import ShardpackError
 from .reader import DatasetReader, record_payload
+from .skips import read_skips
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Proble
             out.append(Problem(where, f"skipped counts {sum(skipped.values())} entries, but "
                                       f"the indexes record {report.writer_skips} skipped by "
                                       "the shard writers"))
+    out += _verify_skip_report(reader, where)
     for key in WRITTEN:  # pack and merge write these; decode_manifest checks their values
         if key not in m.raw:
             out.append(Problem(where, f"the {key!r} key is missing (pack and merge always "
@@ -125,6 +128,32 @@ def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Proble
                                      f"this sample with cls {cls} is in class folder "
                                      f"{folder!r}{more}", key))
     return out
+
+
+def _verify_skip_report(reader: DatasetReader, where: str) -> list[Problem]:
+    """The skip report names every skip the manifest counts, each with a reason that the
+    counts know: as many lines of each reason as ``skipped`` says, and the recorded size."""
+    record = reader.manifest.skip_report
+    if record is None:
+        return []
+    path = reader.storage.display(record["name"])
+    try:
+        size = reader.storage.size(record["name"])
+        if size != record["bytes"]:
+            return [Problem(path, f"the skip report has {size:,} bytes, the manifest records "
+                                  f"{record['bytes']:,}")]
+        rows = read_skips(reader.storage, record)
+    except FileNotFoundError:
+        return [Problem(path, "the skip report the manifest names is missing")]
+    except (ValueError, ShardpackError) as exc:
+        return [Problem(path, f"the skip report cannot be read: {str(exc)[:200]}")]
+    found = Counter(r.get("reason") if isinstance(r, dict) else None for r in rows)
+    counted = dict(reader.manifest.skipped or {})
+    if len(rows) != record["entries"] or dict(found) != counted:
+        return [Problem(path, f"the skip report names {len(rows):,} skips "
+                              f"({dict(sorted(found.items(), key=str))}), the manifest counts "
+                              f"{record['entries']:,} ({counted})")]
+    return []
 
 
 def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,

@@ -39,8 +39,12 @@ class ShardResult:
     fields: tuple[str, ...]
     source_bytes: int = 0
     skipped: dict = field(default_factory=dict)
-    first_skips: tuple[str, ...] = ()
+    skips: tuple[tuple[str, str, str], ...] = ()  # every skip: (reason, path, message)
     files: int = 0  # source files read
+
+    @property
+    def first_skips(self) -> list[str]:
+        return [f"{path}: {message}" for _, path, message in self.skips[:20]]
 
 
 class _Sink:
@@ -88,7 +92,7 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
     field_offsets: list[int] = []  # row-major [rows x width], turned into arrays at the end
     field_sizes: list[int] = []
     starts, raw_sizes, hashes, keys = [], [], [], []
-    skipped, first_skips = Counter(), []
+    skipped, skips = Counter(), []
     source_bytes = 0
     compressor = None
     if opts.compression == "zstd":
@@ -115,10 +119,10 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
             except SourceError as exc:
                 if not opts.skip_bad:
                     raise
-                skipped["broken-image" if isinstance(exc, BrokenImageError)
-                        else "read-failed"] += 1
-                if len(first_skips) < 20:
-                    first_skips.append(str(exc))
+                reason = "broken-image" if isinstance(exc, BrokenImageError) else "read-failed"
+                skipped[reason] += 1
+                where = exc.path or next((f.path for f in sample.fields if f.path), sample.key)
+                skips.append((reason, str(where), exc.message))
                 continue
             offsets_row, sizes_row = [missing] * width, [0] * width
             for name, data in fields:
@@ -160,7 +164,7 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
     entry = fmt.ShardEntry(shard, index_file, rows, sink.pos, sink.hasher.hexdigest(),
                            len(index), fmt.content_hash(index))
     return ShardResult(task.number, entry, tuple(names), source_bytes, dict(skipped),
-                       tuple(first_skips), task.files)
+                       tuple(skips), task.files)
 
 
 def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
@@ -190,7 +194,20 @@ def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
     skipped = {"read-failed": index.skipped} if index.skipped else {}
     entry = fmt.ShardEntry(shard, index_file, index.num_samples, index.shard_bytes,
                            hasher.hexdigest(), len(data), fmt.content_hash(data))
-    return ShardResult(task.number, entry, index.fields, source_bytes, skipped, (), task.files)
+    return ShardResult(task.number, entry, index.fields, source_bytes, skipped,
+                       _kept_skips(task, index), task.files)
+
+
+def _kept_skips(task: ShardTask, index) -> tuple[tuple[str, str, str], ...]:
+    """The skips of a shard kept by ``--resume``: its planned samples that its index lacks.
+    The index keeps their count, not their reasons: they are named as the interrupted run's."""
+    if not index.skipped:
+        return ()
+    kept = set(index.keys())
+    return tuple(("read-failed",
+                  str(next((f.path for f in s.fields if f.path), s.key)),
+                  "skipped by the interrupted run (its reason was not recorded)")
+                 for s in task.samples if s.key not in kept)
 
 
 _PADDING = [bytes(-n % fmt.TAR_BLOCK) for n in range(fmt.TAR_BLOCK)]

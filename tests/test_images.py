@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardpack import images
+from shardpack import headers, images
 from shardpack.decode import CropOptions, SampleRandom, decode_image, reference_decode
 from shardpack.errors import DecodeError, SourceError
 from shardpack.images import check_image, check_image_full, decode_rgb, image_format, sniff
@@ -412,7 +412,7 @@ def test_decode_rgb_min_side_scales_a_jpeg_in_the_decoder(mode):
     assert small.shape[0] >= 100 and small.shape[1] >= 100 and small.shape[0] <= 150
     shrunk = np.asarray(Image.fromarray(full).resize(small.shape[1::-1], Image.Resampling.BOX))
     assert np.abs(shrunk.astype(int) - small.astype(int)).mean() < 8
-    assert images.header_info(data) == ((800, 600), "JPEG")
-    assert images.header_info(gen.png("RGB")) == (gen.SIZE, "PNG")
+    assert headers.header_info(data) == ((800, 600), "JPEG")
+    assert headers.header_info(gen.png("RGB")) == (gen.SIZE, "PNG")
     with pytest.raises(Exception):  # noqa: B017 - Pillow's own type for unreadable headers
-        images.header_info(b"not an image")
+        headers.header_info(b"not an image")

@@ -82,6 +82,9 @@ def test_merge_three_parts(parts, tmp_path):
     assert m["num_samples"] == report.samples == sum(manifest(p)["num_samples"] for p in parts)
     assert m["fields"] == ["cls", "jpg", "json"] and m["classes"] == ["cat", "dog"]
     assert (m["hidden"], m["ignored"], m["skipped"]) == (1, 1, {"broken-image": 1})
+    # the third part's skip report, carried over and checked by verify above
+    assert (out / fmt.SKIPS_NAME).read_bytes() == (parts[2] / fmt.SKIPS_NAME).read_bytes()
+    assert m["skip_report"]["entries"] == 1 and b"broken.jpg" in (out / fmt.SKIPS_NAME).read_bytes()
     # shards renumbered in the order given, each a hard link of its part's file
     for number, (part, entry) in enumerate(entries):
         new = m["shards"][number]

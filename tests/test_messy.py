@@ -338,10 +338,20 @@ def test_resume_refusal_names_the_option(tmp_path):
     src = jpeg_folder(tmp_path, 10, "zzz.jpg")
     out = tmp_path / "out"
     run_cli("pack", src.parent, out, "-q", "--workers", "1", "--max-samples", "3", ok=False)
+    state_path = out / ".shardpack-pack.json"
+    state = json.loads(state_path.read_text())
+    del state["failed"]  # as an interrupted run leaves it
+    state_path.write_text(json.dumps(state))
     result = run_cli("pack", src.parent, out, "-q", "--resume", "--check", "full", ok=False)
     assert result.exit_code == 2
     assert "--check was 'quick', now 'full'" in result.output
     assert "--max-samples was 3, now None" in result.output
+    # after a failed run (nothing published) --resume with other options starts afresh
+    state_path.write_text(json.dumps({**state, "failed": "an error"}))
+    (src / "zzz.jpg").unlink()
+    result = run_cli("pack", src.parent, out, "-q", "--resume", "--check", "full")
+    assert "removed what a failed pack left" in result.output
+    assert len(shardpack.open_reader(out)) == 10
 
 
 @pytest.fixture
@@ -369,11 +379,13 @@ def test_readme_training_snippet_runs_on_mixed_formats(mixed_ds, tmp_path):
     ds, expected = mixed_ds
     code = _readme_training_snippet()
     assert 'device="cuda"' in code and '"shards/train"' in code and "keep = " in code
+    assert "\nepochs = 90\n" in code  # the snippet defines what it uses: it must run as is
     code = (code.replace('"shards/train"', repr(str(ds))).replace('device="cuda"', 'device="cpu"')
+            .replace("\nepochs = 90\n", "\nepochs = 2\n")
             .replace("num_workers=8", "num_workers=2").replace("batch_size=256", "batch_size=5")
             .replace("CpuDecode(224", "CpuDecode(32"))
     code = code.replace("        ...\n", "        seen.append((len(images), int(keep.sum())))\n")
-    script = f"epochs = 2\nseen = []\n{code}\nprint('SEEN', sum(n for n, _ in seen))\n"
+    script = f"seen = []\n{code}\nprint('SEEN', sum(n for n, _ in seen))\n"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -449,29 +461,35 @@ def test_decode_picks_the_primary_image_of_a_webdataset_sample(tmp_path):
         list(ds)  # jpg or png: a question for the user, never silently zeros
 
 
-def test_only_a_failed_run_of_the_same_command_is_cleared(tmp_path):
-    """A failed pack must not block the same command once the source is fixed; anything else
-    left in OUT (other options, an interrupted run) stays refused and untouched."""
+def test_a_failed_run_is_cleared_by_any_rerun_an_interrupted_one_is_not(tmp_path):
+    """A failed pack published nothing: a rerun into the same OUT, with the same or changed
+    options, starts afresh.  An interrupted run (no failure mark: killed, or still running)
+    stays refused and untouched, naming --resume."""
     src = jpeg_folder(tmp_path, 12, "zzz.jpg")
     out = tmp_path / "out"
     args = ("pack", src.parent, out, "-q", "--workers", "1", "--max-samples", "4")
-    assert run_cli(*args, ok=False).exit_code == 2
+    result = run_cli(*args, ok=False)
+    assert result.exit_code == 2 and "rerun into the same OUT" in result.output
     assert len(list(out.glob("*.idx"))) == 3  # complete shards stay, for --resume
     state_path = out / ".shardpack-pack.json"
     state = json.loads(state_path.read_text())
     assert "zzz.jpg" in state["failed"]
-    # other options than the failed run: refused, nothing removed
     before = sorted(p.name for p in out.iterdir())
-    result = run_cli("pack", src.parent, out, "-q", "--workers", "1", ok=False)
-    assert result.exit_code == 2 and "not empty" in result.output
-    assert sorted(p.name for p in out.iterdir()) == before
-    # an interrupted run (no failure mark: killed, or still running): refused too
+    # an interrupted run (no failure mark: killed, or still running): refused, nothing removed
     state_path.write_text(json.dumps({k: v for k, v in state.items() if k != "failed"}))
-    assert run_cli(*args, ok=False).exit_code == 2
+    result = run_cli(*args, ok=False)
+    assert result.exit_code == 2 and "--resume" in result.output
     assert sorted(p.name for p in out.iterdir()) == before
+    # the failed run with other options (--skip-bad): starts afresh
     state_path.write_text(json.dumps(state))
+    result = run_cli(*args, "--skip-bad")
+    assert "failed pack" in result.output and "--resume would" not in result.output
+    assert len(shardpack.open_reader(out)) == 12
+    # the same command once the source is fixed, after another failure: starts afresh too
+    (src / "zzz.jpg").write_bytes(b"")
+    run_cli(*args, "--overwrite", ok=False)
     (src / "zzz.jpg").unlink()
-    assert "unfinished pack" in run_cli(*args).output
+    assert "--resume would have kept" in run_cli(*args).output
     assert len(shardpack.open_reader(out)) == 12
 
 

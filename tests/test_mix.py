@@ -9,6 +9,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import shardpack
@@ -116,6 +118,104 @@ def test_downsampled_source_shows_new_samples_until_all_were_seen():
         firsts.append(set(order[order < 100].tolist()))
     assert set().union(*firsts) == set(range(100))  # 5 epochs of 20: one whole pass
     assert all(not (a & b) for i, a in enumerate(firsts) for b in firsts[i + 1:])
+
+
+def _source_stream(sizes, c, seed, epochs, shuffle=True, block_size=3, window=7):
+    """The epochs of a one-source mixture, each checked to hold distinct samples while
+    downsampled, concatenated."""
+    stream = []
+    for e in epochs:
+        ids = P.mix_order([sizes], [c], seed=seed, epoch=e, shuffle=shuffle,
+                          block_size=block_size, window=window).tolist()
+        assert len(ids) == c
+        if c <= sum(sizes):
+            assert len(set(ids)) == c, f"epoch {e} repeats samples"
+        stream += ids
+    return stream
+
+
+def _passes_are_permutations(stream, n, start=0):
+    """``stream`` begins at stream position ``start``: each whole pass in it (positions
+    p * n .. (p + 1) * n) holds every sample once, so none repeats before all were seen."""
+    first = -(-start // n) * n - start
+    for lo in range(first, len(stream) - n + 1, n):
+        assert sorted(stream[lo:lo + n]) == list(range(n)), f"pass at {start + lo}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+       frac=st.floats(0, 1), seed=st.integers(0, 2**32), first=st.integers(0, 10**6),
+       block_size=st.integers(1, 5), window=st.integers(1, 9))
+def test_a_downsampled_source_is_distinct_in_each_epoch_and_pass_after_pass(
+        sizes, frac, seed, first, block_size, window):
+    n = sum(sizes)
+    c = max(1, min(n, round(frac * n)))
+    # enough epochs for whole runs of passes that are a head and a tail only (c > n / 2)
+    k = 2 * n // max(1, n - c) + 2 * n // c + 3 if c < n else 4
+    for start in (0, first):
+        stream = _source_stream(sizes, c, seed, range(start, start + k), block_size=block_size,
+                                window=window)
+        _passes_are_permutations(stream, n, start * c)
+
+
+@pytest.mark.parametrize("n, c", [(300, 200), (300, 250), (300, 299), (300, 150), (300, 7)])
+def test_the_epochs_of_a_downsampled_source_hold_distinct_samples(n, c):
+    sizes = [64] * (n // 64) + [n % 64]
+    epochs = range(2 * n // (n - c) + 4)
+    stream = _source_stream(sizes, c, 11, epochs, block_size=16, window=32)
+    _passes_are_permutations(stream, n)
+    if (n, c) == (300, 200):  # epoch 1 reads the tail of pass 0 and the head of pass 1
+        assert len(set(stream[200:400])) == 200
+        assert set(stream[:300]) == set(range(300))
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 9, 17])
+def test_one_short_of_a_pass_each_epoch(n):
+    stream = _source_stream([n], n - 1, 3, range(2 * n + 3), block_size=1, window=n)
+    _passes_are_permutations(stream, n)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_upsampled_and_unshuffled_sources_keep_their_passes(shuffle):
+    sizes, seed = [7, 5], 9
+    own = P._source_seed(seed, 0)
+    base = [P.epoch_order(sizes, seed=own, epoch=p, shuffle=shuffle, block_size=3,
+                          window=7).tolist() for p in range(10)]
+    for c in (12, 25, 36):  # upsampled: whole passes, each its own order
+        stream = _source_stream(sizes, c, seed, range(3), shuffle=shuffle)
+        assert stream == sum(base, [])[:len(stream)]
+    if not shuffle:  # unshuffled: in order, for any count
+        for c in (5, 11):
+            assert _source_stream(sizes, c, seed, range(4), shuffle=False) == \
+                [i % 12 for i in range(4 * c)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_orders_kept_from_mix_order_version_1(seed):
+    """Where mix_order_changed says version 1's epochs are this version's, they are: version 1
+    read pass p of each source as its own epoch_order for p."""
+    sizes, weights, fixed, epoch_size = _shapes(seed)
+    totals = [sum(s) for s in sizes]
+    counts = P.allot(totals, weights, fixed, epoch_size)
+    for shuffle in (True, False):
+        if P.mix_order_changed([[n, c] for n, c in zip(totals, counts, strict=True)],
+                               shuffle, 1):
+            continue
+        for epoch in range(3):
+            want = []
+            for s, (src, c) in enumerate(zip(sizes, counts, strict=True)):
+                n = sum(src)
+                passes = [P.epoch_order(src, seed=P._source_seed(seed, s), epoch=p,
+                                        shuffle=shuffle, block_size=3, window=7)
+                          for p in range(epoch * c // n, ((epoch + 1) * c - 1) // n + 1)]
+                stream = np.concatenate(passes) if passes else np.zeros(0, np.int64)
+                lo = epoch * c - epoch * c // n * n if c else 0
+                want.append(stream[lo:lo + c] + sum(totals[:s]))
+            got = P.mix_order(sizes, counts, seed=seed, epoch=epoch, shuffle=shuffle,
+                              block_size=3, window=7)
+            src_of = np.searchsorted(np.cumsum(totals), got, side="right")
+            for s in range(len(sizes)):
+                assert got[src_of == s].tolist() == want[s].tolist()
 
 
 # -- the dataset ----------------------------------------------------------------------------------
@@ -255,6 +355,45 @@ def test_mixture_with_stateful_dataloader(two):
     assert_resumes(make, lambda loader, c, s: json.loads(json.dumps(loader.state_dict())),
                    lambda loader, state: loader.load_state_dict(state), _ids_of_batch,
                    points=(0, 3))
+
+
+def test_a_downsampled_source_through_the_dataset(two, tmp_path):
+    """300 samples, 200 an epoch: epoch 1 reads the tail of pass 0 and the head of pass 1, 200
+    distinct keys; epochs 0 and 1 see every sample."""
+    big = make_tree(tmp_path / "big", {f"{i:03d}.jpg": os.urandom(20) for i in range(300)})
+    shardpack.pack(big, tmp_path / "BIG", workers=1, max_samples=64, check="none")
+    keys = []
+    for epoch in (0, 1):
+        ds = ShardDataset([Source(tmp_path / "BIG", samples=200), two[0]], fields=["jpg"],
+                          batch_size=16, batched=True, seed=7)
+        ds.set_epoch(epoch)
+        got = [k for b in DataLoader(ds, batch_size=None, num_workers=2)
+               for k, s in zip(b["__key__"], np.asarray(b["__source__"]).tolist(), strict=True)
+               if s == 0]
+        assert len(got) == len(set(got)) == 200
+        keys.append(set(got))
+    assert len(keys[0] | keys[1]) == 300
+
+
+def test_a_mixture_state_of_mix_order_version_1(two):
+    """States saved before mixed epochs had their own order version: refused where a shuffled
+    source is read across pass boundaries (this mixture's source 0: 24 of 30 an epoch), loaded
+    where the epochs are the same."""
+    state = _resumable(two, batch_size=4).state_dict(samples_seen=4)
+    assert state["mix_order"] == P.MIX_ORDER_VERSION
+    old = {k: v for k, v in state.items() if k != "mix_order"}
+    with pytest.raises(ValueError, match="mixture order version: expected 2, found 1"):
+        _resumable(two, batch_size=4).load_state_dict(old)
+    with pytest.raises(ValueError, match="found 99"):
+        _resumable(two, batch_size=4).load_state_dict({**state, "mix_order": 99})
+    plain = _resumable(two, batch_size=4, shuffle=False)
+    fresh = _resumable(two, batch_size=4, shuffle=False)
+    fresh.load_state_dict({k: v for k, v in plain.state_dict(samples_seen=4).items()
+                           if k != "mix_order"})
+    assert len(_ids([collate([s]) for s in fresh])) == 32
+    whole = ShardDataset(list(two), seed=5, batch_size=4)  # each source once an epoch
+    ShardDataset(list(two), seed=5, batch_size=4).load_state_dict(
+        {k: v for k, v in whole.state_dict(samples_seen=4).items() if k != "mix_order"})
 
 
 def test_state_of_another_mixture_is_refused(two):
