@@ -271,13 +271,25 @@ class ShardCache:
 
     # -- inspection -----------------------------------------------------------------------------
     def usage(self) -> dict:
-        count = size = 0
+        """What the cache holds: all files (``files``, ``bytes``), and split into shards and
+        indexes (an index is cached beside its shard, under its own name ``*.idx``)."""
+        counts = {"shards": 0, "shard_bytes": 0, "indexes": 0, "index_bytes": 0}
         for dirpath, _, names in os.walk(self.root):
             for name in names:
                 if name != LOCK_NAME and not name.startswith("."):
-                    count += 1
-                    size += os.path.getsize(os.path.join(dirpath, name))
-        return {"dir": self.root, "files": count, "bytes": size, "limit": self.limit}
+                    try:
+                        size = os.path.getsize(os.path.join(dirpath, name))
+                    except FileNotFoundError:  # evicted by another process meanwhile
+                        continue
+                    if name.endswith(fmt.INDEX_SUFFIX):
+                        counts["indexes"] += 1
+                        counts["index_bytes"] += size
+                    else:
+                        counts["shards"] += 1
+                        counts["shard_bytes"] += size
+        return {"dir": self.root, "files": counts["shards"] + counts["indexes"],
+                "bytes": counts["shard_bytes"] + counts["index_bytes"], **counts,
+                "limit": self.limit}
 
     def clear(self) -> int:
         """Delete every cached file nobody is reading; returns how many were deleted."""

@@ -26,8 +26,17 @@ class _Group(click.Group):
             click.echo(f"shardpack: error: {exc}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
-            click.echo("shardpack: interrupted", err=True)
+            click.echo(f"shardpack: interrupted{self._resume_hint(ctx)}", err=True)
             sys.exit(130)
+
+    def _resume_hint(self, ctx) -> str:
+        """For a command that can finish an interrupted run (pack, convert): how to, since the
+        complete shards it wrote are kept for that."""
+        name = ctx.invoked_subcommand
+        command = self.get_command(ctx, name) if name else None
+        if command is None or not any(p.name == "resume" for p in command.params):
+            return ""
+        return f"; to finish it, run the same `shardpack {name}` command again with --resume"
 
 
 def _parse_options(pairs) -> dict:
@@ -129,10 +138,13 @@ def _shard_options(fn):
 
 
 def _report(summary) -> None:
-    for line in summary.first_skips[:10]:
-        click.echo(f"skipped: {line}", err=True)
-    for line in getattr(summary, "notes", []):
-        click.echo(f"note: {line}", err=True)
+    if hasattr(summary, "report_lines"):
+        lines = summary.report_lines()
+    else:
+        lines = ([f"skipped: {line}" for line in summary.first_skips[:10]]
+                 + [f"note: {line}" for line in getattr(summary, "notes", [])])
+    for line in lines:
+        click.echo(line, err=True)
     click.echo(summary.line())
 
 
@@ -149,13 +161,22 @@ def _report(summary) -> None:
                    "fields, other files are ignored and counted; webdataset: key = path up to "
                    "the first dot of the name (0001.jpg + 0001.seg.png). auto: image for "
                    "ImageFolder trees of images, webdataset otherwise.")
+@click.option("--follow-links", is_flag=True,
+              help="Pack what links leading outside SRC point to, files and folders alike "
+                   "(counted in the summary). Without it such a link is an error naming it, "
+                   "or skipped and counted as link-outside with --skip-bad. Links inside SRC "
+                   "always work; a link loop is an error naming it (link-loop with --skip-bad).")
+@click.option("--allow-empty-classes", is_flag=True,
+              help="Keep a class folder that holds no sample as a class (its label is taken, "
+                   "as torchvision's ImageFolder(allow_empty=True)). Without it such a folder "
+                   "is an error naming it.")
 @click.option("--part", default=None, metavar="I/N",
               help="Pack only part I of N (counted from 0): the samples whose key hashes to "
                    "I. Run the N parts anywhere (one job per node), then `shardpack merge`.")
 @_shard_options
 def pack(src, out, storage_options, shard_format, shard_size, max_samples, compression,
          zstd_level, workers, engine, address, resize, quality, layout, group, check, part,
-         skip_bad, resume, overwrite, quiet):
+         follow_links, allow_empty_classes, skip_bad, resume, overwrite, quiet):
     """Pack the files under SRC into shards at OUT.
 
     SRC is a folder (local, or a URL such as s3://bucket/tree) or a .csv/.jsonl listing with a
@@ -172,7 +193,8 @@ def pack(src, out, storage_options, shard_format, shard_size, max_samples, compr
     summary = run_pack(src, out, format=shard_format, shard_size=shard_size,
                        max_samples=max_samples, compression=compression, zstd_level=zstd_level,
                        resize=resize, quality=quality, skip_bad=skip_bad, layout=layout,
-                       group=group, check=check, workers=workers, engine=engine,
+                       group=group, check=check, follow_links=follow_links,
+                       allow_empty_classes=allow_empty_classes, workers=workers, engine=engine,
                        address=address, part=part, resume=resume, overwrite=overwrite,
                        progress=not quiet and sys.stderr.isatty(),
                        storage_options=_parse_options(storage_options))
@@ -340,7 +362,9 @@ def info(dataset, as_json, stats, sample, plot, storage_options):
     rows.append(("index", f"{index_bytes / max(1, samples):,.1f} bytes per sample "
                           f"({index_bytes / 1e6:,.1f} MB)"))
     if m.skipped:
-        rows.append(("skipped", ", ".join(f"{v} {k}" for k, v in m.skipped.items())))
+        named = (f" (each named in {m.skip_report['name']})" if m.skip_report
+                 and sum(m.skipped.values()) else "")
+        rows.append(("skipped", ", ".join(f"{v} {k}" for k, v in m.skipped.items()) + named))
     if m.ignored:
         rows.append(("ignored", f"{m.ignored:,} files neither images nor sidecars"))
     for name, value in rows:
@@ -588,22 +612,24 @@ cache_dir_option = click.option("--cache-dir", default=None,
 @cache.command(name="info")
 @cache_dir_option
 def cache_info(cache_dir):
-    """Files and bytes held in the cache."""
+    """Shards and indexes held in the cache, and their bytes."""
     from .cache import ShardCache, default_cache_dir
 
     usage = ShardCache(cache_dir or default_cache_dir(), 0).usage()
-    click.echo(f"{usage['dir']}: {plural(usage['files'], 'shard')}, "
-               f"{usage['bytes'] / 1e6:,.1f} MB")
+    click.echo(f"{usage['dir']}: {plural(usage['shards'], 'shard')} "
+               f"({usage['shard_bytes'] / 1e6:,.1f} MB), "
+               f"{plural(usage['indexes'], 'index', 'indexes')} "
+               f"({usage['index_bytes'] / 1e6:,.1f} MB), {usage['bytes'] / 1e6:,.1f} MB in all")
 
 
 @cache.command(name="clear")
 @cache_dir_option
 def cache_clear(cache_dir):
-    """Delete every cached shard no process is reading right now."""
+    """Delete every cached shard and index no process is reading right now."""
     from .cache import ShardCache, default_cache_dir
 
     removed = ShardCache(cache_dir or default_cache_dir(), 0).clear()
-    click.echo(f"removed {plural(removed, 'cached shard')}")
+    click.echo(f"removed {plural(removed, 'cached file')}")  # shards and indexes
 
 
 if __name__ == "__main__":

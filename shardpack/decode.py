@@ -143,6 +143,12 @@ def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
     times faster than Pillow's resize here (docs/device.md)."""
     from .torchenv import torch
 
+    if pixels.flags.c_contiguous and not pixels.flags.writeable:
+        # Pillow's pixels (PNG, WebP, ...) are a read-only view of a bytes object that NumPy
+        # will not mark writable, and torch.from_numpy warns on read-only arrays.  Only a crop
+        # that spans whole rows gets here: any other crop is copied below anyway, so this copy
+        # costs no more than that one (and far less than the decode that made the pixels).
+        pixels = pixels.copy()
     x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
     y = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True,
                                         align_corners=False)

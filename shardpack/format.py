@@ -32,6 +32,7 @@ from .errors import FormatError, IntegrityError, VersionError
 FORMAT_VERSION = 2
 READ_VERSIONS = (1, 2)  # version 1: dense per-shard field table in the index (docs/format.md)
 MANIFEST_NAME = "shardpack.json"
+STATE_NAME = ".shardpack-pack.json"  # options of a pack in progress (or failed); removed at commit
 SKIPS_NAME = "skipped.jsonl"  # the skip report (shardpack/skips.py), when a pack skipped any
 MANIFEST_FORMAT = "shardpack"
 HASH_NAME = "xxh3-128"

@@ -13,7 +13,7 @@ from .errors import PackError, ShardpackError
 from .storage import Storage, is_temp_name
 
 LOCK_NAME = ".shardpack-lock"  # the OUT lock's file: kept (empty), never data
-STATE_NAME = ".shardpack-pack.json"  # options of a pack in progress; removed at commit
+STATE_NAME = fmt.STATE_NAME  # options of a pack in progress; removed at commit
 
 
 class OutLock:

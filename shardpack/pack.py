@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from . import __version__
 from . import format as fmt
 from .engine import Engine, check_engine, make_engine
-from .errors import PackError, ShardpackError
+from .errors import PackError, ShardpackError, SourceError
 from .outdir import LOCK_NAME, STATE_NAME, OutLock, clear_out, is_ours
 from .plan import PackOptions, PartOf, ShardTask, check_part, parse_size, plan
 from .samples import Source, within
@@ -259,8 +259,10 @@ def _pack_locked(source, storage: Storage, options: PackOptions, origin: dict, s
         if runner is not None:
             runner.stop()  # nothing may still write into OUT once its lock is released
         storage.remove_temp_files()
-        if isinstance(exc, ShardpackError) and _mark_failed(storage, state, exc):
-            # say that the folder is free for the rerun the error asks for (docs/packing.md)
+        if isinstance(exc, ShardpackError) and _mark_failed(storage, state, exc) and \
+                isinstance(exc, SourceError):
+            # bad input: say that the folder is free for the rerun the error asks for (with
+            # --skip-bad, say; docs/packing.md)
             exc.hint = (f"{exc.hint}; " if exc.hint else "") + (
                 "nothing was published: rerun into the same OUT, with changed options if "
                 "need be")

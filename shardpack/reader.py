@@ -17,7 +17,7 @@ import numpy as np
 
 from . import format as fmt
 from .access import MAX_OPEN_SHARDS, Burst, make_access
-from .errors import DatasetNotFoundError, FormatError, IntegrityError
+from .errors import DatasetNotFoundError, FormatError, IntegrityError, ShardpackError
 from .prefetch import NOTHING, Prefetcher
 from .storage import Storage
 
@@ -41,6 +41,28 @@ def locate_many(offsets: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(ids, dtype=np.int64)
     shards = np.searchsorted(offsets, ids, side="right") - 1
     return shards, ids - offsets[shards]
+
+
+def no_dataset(storage: Storage) -> DatasetNotFoundError:
+    """The error for a path without a manifest, saying why: nothing there, a file, or a folder
+    without a manifest; ``--resume`` is suggested only where an unfinished pack left its state
+    file, since elsewhere it could not help."""
+    why, hint = f"{fmt.MANIFEST_NAME} is missing", None
+    if storage.local and not os.path.exists(storage.root):
+        why = "the path does not exist"
+    elif storage.local and not os.path.isdir(storage.root):
+        why = "a file, not a dataset folder"
+    else:
+        try:
+            unfinished = storage.exists(fmt.STATE_NAME)
+        except (OSError, ShardpackError):  # no answer: the message stays without a hint
+            unfinished = False
+        if unfinished:
+            hint = ("a pack into this folder has not finished (or is still running): to finish "
+                    "it, run the same pack or convert command again with --resume")
+    return DatasetNotFoundError(f"no shardpack dataset here ({why})", path=storage.url,
+                                hint=hint)
+
 
 class DatasetReader:
     """A dataset's manifest, its shard indexes (loaded when first needed, checked against the
@@ -68,11 +90,8 @@ class DatasetReader:
         self.prefetch = prefetch
         try:
             data = self.storage.read_bytes(fmt.MANIFEST_NAME)
-        except DatasetNotFoundError:
-            raise DatasetNotFoundError(
-                f"no shardpack dataset here ({fmt.MANIFEST_NAME} is missing)",
-                path=self.storage.url,
-                hint="an interrupted pack has no manifest: rerun it with --resume") from None
+        except (DatasetNotFoundError, NotADirectoryError):  # (the latter: a file's path)
+            raise no_dataset(self.storage) from None
         self.manifest = fmt.decode_manifest(data, self.storage.display(fmt.MANIFEST_NAME))
         self.shards: tuple[fmt.ShardEntry, ...] = self.manifest.shards
         self.offsets = np.zeros(len(self.shards) + 1, dtype=np.int64)

@@ -37,9 +37,8 @@ from typing import Iterator, NamedTuple
 
 from .errors import PackError, ShardpackError, SourceError
 from .fields import FieldReader, InlineValue, LocalFiles, RemoteFiles
-from .format import MANIFEST_NAME, check_field_name, split_name, unsafe_name_reason
+from .format import MANIFEST_NAME, STATE_NAME, check_field_name, split_name, unsafe_name_reason
 from .images import IMAGE_EXTENSIONS
-from .outdir import STATE_NAME
 
 LISTING_SUFFIXES = (".csv", ".jsonl")
 # pieces of a walk on an engine listed at once, at most: each comes back to the driver whole

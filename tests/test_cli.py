@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from .conftest import run_cli
+from .conftest import make_tree, run_cli, run_subprocess
 
 
 @pytest.fixture
@@ -57,9 +57,78 @@ def test_not_a_dataset(tmp_path):
     assert "unsupported manifest version: expected one of (1, 2), found 9" in result.output
 
 
+def test_no_dataset_says_why_and_suggests_resume_only_where_it_helps(tmp_path):
+    missing = run_cli("info", tmp_path / "nothing", ok=None)
+    assert missing.exit_code == 2
+    assert missing.stderr == (f"shardpack: error: {tmp_path / 'nothing'}: no shardpack dataset "
+                              "here (the path does not exist)\n")
+    (tmp_path / "file").write_bytes(b"x")
+    assert "(a file, not a dataset folder)" in run_cli("info", tmp_path / "file", ok=None).stderr
+    empty = run_cli("info", tmp_path, ok=None).stderr
+    assert "(shardpack.json is missing)" in empty and "resume" not in empty
+    (tmp_path / ".shardpack-pack.json").write_text("{}")  # what an unfinished pack leaves
+    unfinished = run_cli("ls", tmp_path, ok=None).stderr
+    assert "(shardpack.json is missing)" in unfinished
+    assert "has not finished" in unfinished and "again with --resume" in unfinished
+
+
 @pytest.mark.parametrize("command,needle", [
     ("pack", "--resume"), ("pack", "--skip-bad"), ("verify", "Exits 0"), ("unpack", "outside"),
     ("info", "--json"), ("ls", "--long"), ("cat", "--field"),
 ])
 def test_help_explains(command, needle):
     assert needle in run_cli(command, "--help").output
+
+
+@pytest.mark.parametrize("command,module,hint", [
+    ("pack", "pack", True), ("convert", "convert", True), ("verify", "verify", False),
+])
+def test_interrupt_says_how_to_finish(command, module, hint, small_tree, tmp_path, monkeypatch):
+    """Ctrl-C: one line, exit 130; a command that has --resume says to rerun with it."""
+    import importlib
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(f"shardpack.{module}"), module, interrupted)
+    args = [small_tree] if command == "verify" else [small_tree, tmp_path / "out"]
+    result = run_cli(command, *args, ok=None)
+    assert result.exit_code == 130
+    want = (f"shardpack: interrupted; to finish it, run the same `shardpack {command}` command "
+            "again with --resume\n" if hint else "shardpack: interrupted\n")
+    assert result.stderr == want
+
+
+def test_ctrl_c_during_a_real_pack_then_resume(tmp_path):
+    """SIGINT while a pack runs: the hint line alone on stderr, exit 130, and the hinted
+    --resume finishes the pack."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from . import imagegen
+
+    data = imagegen.png("RGB", size=(160, 120))  # --check full decodes each: ~1 ms an image
+    src = make_tree(tmp_path / "src", {f"a/{i:04d}.png": data for i in range(1000)})
+    out = tmp_path / "out"
+    args = ["pack", src, out, "--check", "full", "--workers", "1", "--max-samples", "20", "-q"]
+    proc = subprocess.Popen([sys.executable, "-m", "shardpack.cli", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (out / ".shardpack-pack.json").exists() and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0, "the pack was too fast to be interrupted: raise the data size"
+    assert proc.returncode == 130, stderr
+    assert stderr == ("shardpack: interrupted; to finish it, run the same `shardpack pack` "
+                      "command again with --resume\n")
+    result = run_cli("info", out, ok=None)  # what is there says so too
+    assert result.exit_code == 2 and "has not finished" in result.output
+    assert "again with --resume" in result.output
+    result = run_subprocess(*args, "--resume")
+    assert result.returncode == 0, result.stderr
+    assert "packed 1,000 samples" in result.stdout
+    assert (out / "shardpack.json").exists()

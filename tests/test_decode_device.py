@@ -266,3 +266,64 @@ def test_head_start_names_the_first_bad_sample_and_counts_worker_iterations(tmp_
     list(ok)  # the training process iterates first: its count is not the workers'
     spy = [b["spy"].tolist() for b in DataLoader(ok, batch_size=None, num_workers=1)]
     assert spy[0][0] == len(__import__("os").sched_getaffinity(0)) and spy[1][0] == 0
+
+
+def test_decode_gives_torch_no_read_only_array():
+    """Pillow's pixels are read-only; a crop spanning whole rows used to reach torch.from_numpy
+    as it was, and torch warned ("The given NumPy array is not writable") in every process.
+    torch warns once per process, so the check runs in a fresh one with warnings as errors."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import io
+        import warnings
+
+        import numpy as np
+        from PIL import Image
+
+        from shardpack.decode import CpuDecode, CropOptions, SampleRandom, decode_image
+
+        warnings.simplefilter("error")
+        pixels = (np.arange(40 * 4 * 3) % 251).astype(np.uint8).reshape(40, 4, 3)
+        for mode, fmt in [("RGB", "PNG"), ("L", "PNG"), ("RGB", "WEBP")]:
+            buf = io.BytesIO()
+            Image.fromarray(pixels).convert(mode).save(buf, fmt)
+            # eval: the center crop of a 4 px wide image is whole rows
+            assert decode_image(buf.getvalue(), CropOptions(16, train=False)).shape == (16, 16, 3)
+            for i in range(20):  # training crops, some of them whole rows
+                decode_image(buf.getvalue(), CropOptions(16), SampleRandom(0, 0, i))
+        print("ok")
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr[-2000:]
+
+
+def test_readme_bench_commands_run_as_written(image_ds, tmp_path, monkeypatch):
+    """Every `shardpack bench` command the README shows runs, with the placeholders filled in
+    and kept short; and `--files` appears only in such whole commands, since bench takes a
+    DATASET or --files, never both."""
+    import re
+    import shlex
+
+    from shardpack.unpack import unpack
+
+    from .conftest import ROOT, run_cli
+
+    text = (ROOT / "README.md").read_text()
+    spans = re.findall(r"`([^`\n]*--files[^`\n]*)`", text.replace("\n  ", " "))
+    assert spans and all(s.startswith("shardpack bench ") for s in spans), spans
+    commands = re.findall(r"`(shardpack bench [^`]*)`", text.replace("\n  ", " "))
+    commands += re.findall(r"^(shardpack bench .*?)(?:\s+#.*)?$", text, re.M)
+    assert len(commands) >= 3, commands
+    files = tmp_path / "files"
+    unpack(image_ds, files)
+    for cls_file in files.rglob("*.cls"):  # back to a plain ImageFolder tree
+        cls_file.unlink()
+    monkeypatch.chdir(tmp_path)  # where --plot writes
+    fill = {"DATASET": image_ds, "/fast/train-shards": image_ds, "SRC_DIR": files}
+    for command in commands:
+        args = [str(fill.get(a, a)) for a in shlex.split(command)[2:]]
+        run_cli("bench", *args, "--batches", "1", "--workers", "0", "--batch-size", "4",
+                "--size", "16", "--device", "cpu", "-q")

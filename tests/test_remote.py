@@ -189,6 +189,26 @@ def test_corrupt_cached_shard_is_fetched_again(local_ds, http_server, tmp_path):
         assert ds.reader.cache.stats["refetches"] >= 1
 
 
+def test_cache_info_counts_shards_and_indexes_apart(local_ds, http_server, tmp_path):
+    server = http_server(local_ds)
+    cache = tmp_path / "cache"
+    assert len(list(ShardDataset(server.url, cache_dir=cache))) == N
+    _fetchers_done()
+    files = {n: os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(cache)
+             for n in names if not n.startswith(".")}
+    shards = sum(size for n, size in files.items() if n.endswith(".tar"))
+    indexes = sum(size for n, size in files.items() if n.endswith(".idx"))
+    assert len(files) == 10 and shards + indexes == sum(files.values())
+    usage = ShardCache(cache, 0).usage()
+    assert (usage["shards"], usage["indexes"], usage["files"]) == (5, 5, 10)
+    assert (usage["shard_bytes"], usage["index_bytes"]) == (shards, indexes)
+    text = run_cli("cache", "info", "--cache-dir", cache).output
+    assert text == (f"{cache}: 5 shards ({shards / 1e6:,.1f} MB), 5 indexes "
+                    f"({indexes / 1e6:,.1f} MB), {(shards + indexes) / 1e6:,.1f} MB in all\n")
+    removed = run_cli("cache", "clear", "--cache-dir", cache).output  # (files in use stay)
+    assert removed.startswith("removed ") and removed.endswith(" cached files\n")
+
+
 def test_download_that_differs_from_the_manifest_never_enters_the_cache(local_ds, http_server,
                                                                          tmp_path, monkeypatch):
     """A shard changed on the server (same size, one byte flipped) is refused by the hash taken
