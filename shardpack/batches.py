@@ -36,6 +36,23 @@ from .torchenv import torch
 LABEL_FIELDS = ("cls",)
 INLINE_LIMIT = 1 << 20  # tensors under 1 MB travel inside the pickle when no slot is leased
 SLOT_MIN = 64 << 10     # tensors from this size on go into a reusable slot (shardpack.buffers)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def label_value(raw) -> int:
+    """A label field's bytes as the int64 a batch holds (what ``int()`` accepts: ``b"7"``,
+    ``b"-1"``, ``b" 7\\n"``); ValueError saying why otherwise, also for a number outside
+    int64, which no tensor holds."""
+    if not isinstance(raw, (bytes, bytearray, memoryview)):  # (bytes(n) of an int: n zeros)
+        raise ValueError(f"a value of type {type(raw).__name__}, not the bytes of an integer "
+                         "label")
+    try:
+        value = int(bytes(raw))
+    except ValueError:  # (also past Python's 4,300 digits: never an int64)
+        raise ValueError("not an integer label") from None
+    if not INT64[0] <= value <= INT64[1]:
+        raise ValueError("a number outside int64, which no tensor holds")
+    return value
 
 
 class Keys:
@@ -290,26 +307,92 @@ def collate(batch: Sequence[dict], pool=None) -> dict:
     if pool is not None:
         out.pool = pool
     names = dict.fromkeys(name for sample in batch for name in sample)  # union, in order
+    raw = (bytes, bytearray, memoryview)
     for name in names:
         values = [sample.get(name) for sample in batch]
         if any(v is None for v in values):
-            if not all(isinstance(v, (bytes, memoryview, type(None))) for v in values):
-                raise ValueError(f"field {name!r} is missing from some samples of the batch; "
-                                 "only bytes fields may be absent (they collate as b'')")
+            lacking = next(i for i, v in enumerate(values) if v is None)
+            if name in LABEL_FIELDS or not all(isinstance(v, (*raw, type(None)))
+                                               for v in values):
+                raise _collate_error(batch, lacking, pool, f"has no field {name!r}, which "
+                                     "other samples of the batch have; only bytes fields "
+                                     "that are not labels may be absent (they collate as b'')")
             values = [b"" if v is None else v for v in values]
         if name == "__key__":
             out[name] = Keys.of(values)
-        elif name in LABEL_FIELDS and isinstance(values[0], (bytes, bytearray, memoryview)):
-            out[name] = torch.tensor([int(bytes(v)) for v in values], dtype=torch.int64)
-        elif isinstance(values[0], (bytes, bytearray, memoryview)):
+        elif name in LABEL_FIELDS and isinstance(values[0], raw):
+            out[name] = torch.tensor(_labels(batch, name, values, pool), dtype=torch.int64)
+        elif isinstance(values[0], raw):
             out[name] = pack_bytes(values, out)
         elif isinstance(values[0], bool):
             out[name] = torch.tensor(values, dtype=torch.bool)
         elif isinstance(values[0], int):
             out[name] = torch.tensor(values, dtype=torch.int64)
         else:
-            out[name] = torch.utils.data.default_collate(values)
+            try:
+                out[name] = torch.utils.data.default_collate(values)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                odd = next((i for i, v in enumerate(values) if _shape(v) != _shape(values[0])),
+                           0)
+                raise _collate_error(batch, odd, pool, f"field {name!r} cannot be batched "
+                                     f"with the first sample's ({_shape(values[odd])} and "
+                                     f"{_shape(values[0])}): {str(exc)[:200]}") from None
     return out
+
+
+def _labels(batch: Sequence[dict], name: str, values: list, pool) -> list[int]:
+    """The int64 values of label field ``name``; a FormatError naming the first sample whose
+    value is not one."""
+    out = []
+    for i, v in enumerate(values):
+        try:
+            out.append(label_value(v))
+        except ValueError as exc:
+            shown = repr(bytes(v[:40]) if isinstance(v, (bytes, bytearray, memoryview))
+                         else v)[:60]
+            raise _collate_error(batch, i, pool, f"field {name!r} holds {shown}, {exc}") \
+                from None
+    return out
+
+
+def _shape(value) -> str:
+    """A value's type and, for an array or tensor, its dtype and shape (for messages)."""
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return type(value).__name__
+    return f"{type(value).__name__} {getattr(value, 'dtype', '')} {tuple(shape)}"
+
+
+def _collate_error(batch: Sequence[dict], i: int, pool, message: str):
+    """A FormatError naming sample ``i`` of ``batch``: its key, its place in the batch and
+    the dataset, and its shard where the dataset that read it is at hand (a DataLoader worker
+    of a shardpack dataset, or the batched path's slot pool)."""
+    from .errors import FormatError
+
+    sample = batch[i]
+    key = sample.get("__key__")
+    gid = sample.get("__index__")
+    where = f"item {i} of the batch" + (f", sample {gid} of the dataset"
+                                        if isinstance(gid, (int, np.integer)) else "")
+    return FormatError(f"{message} ({where})", key=key if isinstance(key, str) else None,
+                       path=_shard_path(pool, gid))
+
+
+def _shard_path(pool, gid) -> str | None:
+    """The shard file of global sample ``gid``, where the reader that read it is known."""
+    reader = getattr(pool, "reader", None)
+    if reader is None:
+        from .torchenv import get_worker_info
+
+        info = get_worker_info()
+        reader = getattr(getattr(info, "dataset", None), "reader", None)
+    if reader is None or not isinstance(gid, (int, np.integer)) or isinstance(gid, bool):
+        return None
+    try:
+        shard, _ = reader.locate(int(gid))
+        return reader.shard_path(shard)
+    except (AttributeError, IndexError, ValueError, TypeError):
+        return None
 
 
 def new_buffer(nbytes: int, shared: bool) -> "torch.Tensor":

@@ -22,9 +22,14 @@ shared memory, no lock state that outlives a crash.
   xattrs) it is re-hashed the first time each process opens it; a corrupt one is deleted and
   fetched again, once, then it is an error.
 * LRU: a file's access time is set on every use; before a new file is published, the least
-  recently used files that nobody holds are deleted until the cache fits ``limit`` bytes.  When
-  everything cached is in use, the cache overshoots rather than deadlock, and shrinks again as
-  readers let go.
+  recently used files that nobody holds are deleted until the cache fits ``limit`` bytes, and
+  so are temp files of dead downloads (of any shard: one nobody asks for again would stay
+  forever).  When everything cached is in use, the cache overshoots rather than deadlock, and
+  shrinks again at the next publish or ``prune``.  So the cache holds at most ``limit`` bytes,
+  plus what readers hold open beyond it, plus one partial file per download in flight.
+* A cache this process cannot write (a node cache filled ahead, mounted read-only or owned by
+  another user) serves what it holds and writes nothing: no lock file, access time, stamp or
+  temp file.  Anything missing or corrupt there is a one-line error: it cannot be fetched.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 import xxhash
 
 from . import format as fmt
-from .errors import IntegrityError
+from .errors import CacheError, IntegrityError, ShardpackError
 
 LOCK_NAME = ".lock"
 
@@ -78,7 +83,17 @@ class ShardCache:
     def __init__(self, cache_dir: str | os.PathLike, limit: int):
         self.root = os.path.abspath(os.fspath(cache_dir))
         self.limit = limit
-        os.makedirs(self.root, exist_ok=True)
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise CacheError("cache_dir is not a folder (a file is in its place)", path=self.root,
+                             hint="give a folder, or a path that does not exist yet")
+        if not os.path.isdir(self.root):  # (no mkdir try on an existing one: it may be read-only)
+            with _writing(self.root, "cannot create the cache folder"):
+                os.makedirs(self.root, exist_ok=True)
+        if not os.access(self.root, os.R_OK | os.X_OK):
+            raise CacheError("cannot read the cache folder (permission denied)", path=self.root)
+        # a folder this process cannot write (read-only mount, another user's) is used as it is:
+        # a warm one serves its files (docs/remote.md, "The cache")
+        self.read_only = not os.access(self.root, os.W_OK)
         self._verified: set[tuple[str, int, int]] = set()  # (path, size, mtime) hashed here
         self.stats = {"hits": 0, "downloads": 0, "refetches": 0, "evictions": 0, "waits": 0,
                       "busy": 0, "rehashed": 0, "stamped": 0}
@@ -86,13 +101,36 @@ class ShardCache:
     # -- locking ------------------------------------------------------------------------------
     @contextmanager
     def _global(self):
-        fd = os.open(os.path.join(self.root, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                     0o644)
+        """The bookkeeping lock: exclusive; shared in a read-only cache, whose readers only look
+        up (and none there when no writer ever made the lock file: none to keep out)."""
+        path = os.path.join(self.root, LOCK_NAME)
+        if self.read_only:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            mode = fcntl.LOCK_SH
+        else:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except PermissionError:  # another user's lock file: a read-only fd locks it too
+                with _writing(path, "cannot open the cache's lock file"):
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise CacheError(f"cannot create the cache's lock file: {exc.strerror or exc}",
+                                 path=path) from exc
+            mode = fcntl.LOCK_EX
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if fd >= 0:
+                fcntl.flock(fd, mode)
             yield
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
+
+    def _need_write(self, what: str) -> None:
+        if self.read_only:
+            raise CacheError(f"cannot {what}: the cache folder is read-only", path=self.root)
 
     def entry_path(self, dataset_url: str, shard: CacheFile) -> str:
         folder = xxhash.xxh3_64_hexdigest(dataset_url.rstrip("/").encode())
@@ -115,7 +153,14 @@ class ShardCache:
                 return entry
             ident = _identity(entry.path, entry.fd)
             entry.close()
-            self._discard(path, ident)  # corrupt in the cache: fetch again, once
+            if self.read_only:
+                raise IntegrityError("cached file does not match the manifest's size or hash, and "
+                                     "the cache folder is read-only: it cannot be fetched again",
+                                     path=path, hint="refill the cache where it is writable, "
+                                                     "or give another cache_dir")
+            # corrupt in the cache: fetch again, once (another reader that found it corrupt too
+            # may have removed it, or fetched it again, already: then that is what _get finds)
+            self._discard(path, ident)
             self.stats["refetches"] += 1
         raise IntegrityError("cached shard is still corrupt after fetching it again",
                              path=path, hint="the remote shard itself may be bad: run "
@@ -123,7 +168,6 @@ class ShardCache:
 
     def _get(self, path: str, shard: CacheFile, download, wait: bool = True) -> CacheEntry | None:
         folder, name = os.path.split(path)
-        os.makedirs(folder, exist_ok=True)
         while True:
             with self._global():
                 entry = self._open_shared(path)
@@ -132,8 +176,18 @@ class ShardCache:
                     return entry
                 busy = self._locked_temp(folder, name)
                 if busy is None:
+                    if self.read_only:
+                        raise CacheError(f"cannot fetch {shard.name} into the cache: the cache "
+                                         "folder is read-only, and the file is not in it",
+                                         path=self.root, hint="fill the cache where it is "
+                                                              "writable, or give another "
+                                                              "cache_dir")
                     tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
-                    tfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+                    with _writing(folder, "cannot write into the cache"):
+                        # in the lock: prune removes empty folders under it
+                        os.makedirs(folder, exist_ok=True)
+                        tfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                      0o644)
                     fcntl.flock(tfd, fcntl.LOCK_EX)
             if busy is not None and not wait:
                 os.close(busy)
@@ -161,7 +215,8 @@ class ShardCache:
                 st = os.fstat(tfd)
                 with self._global():
                     self._evict(shard.bytes, keep=path)
-                    os.replace(tmp, path)
+                    with _writing(path, "cannot write into the cache"):
+                        os.replace(tmp, path)
                     self._verified.add((path, st.st_size, st.st_mtime_ns))  # == _identity(path)
                     # the same open file now is the cache entry: turn the writer's exclusive
                     # lock into a reader's shared one (waiters wake up and find the file)
@@ -183,17 +238,28 @@ class ShardCache:
     def _open_shared(self, path: str) -> CacheEntry | None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise CacheError(f"cannot read a cached file: {exc.strerror or exc}",
+                             path=path) from exc
         fcntl.flock(fd, fcntl.LOCK_SH)
-        os.utime(fd, ns=(time.time_ns(), os.fstat(fd).st_mtime_ns))  # LRU recency: access time
+        if not self.read_only:
+            try:  # LRU recency: access time
+                os.utime(fd, ns=(time.time_ns(), os.fstat(fd).st_mtime_ns))
+            except OSError:
+                pass  # another user's file in a shared cache: its recency just stays
         return CacheEntry(path, fd)
 
     def _locked_temp(self, folder: str, name: str) -> int | None:
         """An fd of a temp file some live process is downloading into, or None; temp files of
-        dead processes are deleted."""
+        dead processes are deleted (left alone in a read-only cache)."""
         prefix = f".{name}.tmp-"
-        for other in os.listdir(folder):
+        try:
+            others = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # (the dataset's folder is made when its first download starts)
+        for other in others:
             if not other.startswith(prefix):
                 continue
             full = os.path.join(folder, other)
@@ -209,7 +275,11 @@ class ShardCache:
                 os.close(fd)
                 raise
             os.close(fd)
-            os.unlink(full)  # lock free: its writer died
+            if not self.read_only:
+                try:
+                    os.unlink(full)  # lock free: its writer died
+                except FileNotFoundError:
+                    pass
         return None
 
     def _verify(self, entry: CacheEntry, shard: CacheFile) -> bool:
@@ -220,9 +290,12 @@ class ShardCache:
             return False
         if _stamp_ok(entry.fd, shard.hash):
             self.stats["stamped"] += 1
-        elif _file_hash(entry.path) == shard.hash:
+        # hashed through the open fd, not the path: another reader that found the same file
+        # corrupt may have removed it, or fetched it again, meanwhile
+        elif _fd_hash(entry.fd, shard.bytes) == shard.hash:
             self.stats["rehashed"] += 1
-            _stamp(entry.fd, shard.hash)
+            if not self.read_only:
+                _stamp(entry.fd, shard.hash)
         else:
             return False
         self._verified.add(ident)
@@ -238,36 +311,40 @@ class ShardCache:
             except FileNotFoundError:
                 pass
 
-    def _evict(self, incoming: int, keep: str) -> None:
-        files = []
+    def _evict(self, incoming: int, keep: str | None,
+               limit: int | None = None) -> list[tuple[str, int]]:
+        """Delete the least recently used files nobody holds until the cache and ``incoming``
+        bytes fit ``limit`` (the cache's own by default), and every temp file of a dead
+        download, whatever the limit (one of a shard nobody asks for again would stay for
+        good).  Temp files of live downloads are not counted: in flight, not the cache's yet.
+        Returns (path, bytes) of each file deleted."""
+        limit = self.limit if limit is None else limit
+        files, removed = [], []
         for dirpath, _, names in os.walk(self.root):
             for name in names:
-                if name == LOCK_NAME or name.startswith("."):
+                if name == LOCK_NAME:
                     continue
                 full = os.path.join(dirpath, name)
                 try:
                     st = os.stat(full)
                 except FileNotFoundError:
                     continue
+                if name.startswith("."):
+                    if ".tmp-" in name and _remove_if_free(full):  # its writer died
+                        removed.append((full, st.st_size))
+                    continue
                 files.append((st.st_atime_ns, st.st_size, full))
         used = sum(size for _, size, _ in files)
         for _, size, full in sorted(files):
-            if used + incoming <= self.limit:
+            if used + incoming <= limit:
                 break
             if full == keep:
                 continue
-            fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                continue  # in use: never evicted
-            try:
-                os.unlink(full)
+            if _remove_if_free(full):  # (one in use is never evicted)
                 used -= size
+                removed.append((full, size))
                 self.stats["evictions"] += 1
-            finally:
-                os.close(fd)
+        return removed
 
     # -- inspection -----------------------------------------------------------------------------
     def usage(self) -> dict:
@@ -291,24 +368,33 @@ class ShardCache:
                 "bytes": counts["shard_bytes"] + counts["index_bytes"], **counts,
                 "limit": self.limit}
 
+    def prune(self, limit: int | None = None) -> dict:
+        """Bring the cache under ``limit`` bytes (its own limit by default): delete the least
+        recently used files nobody holds, every temp file of a dead download, then empty
+        folders.  Returns ``removed`` ((path, bytes) of each deleted file), and what is left:
+        ``bytes``, ``files`` (over the limit only by files some process holds)."""
+        self._need_write("prune it")
+        with self._global():
+            removed = self._evict(0, keep=None, limit=limit)
+            for folder in os.listdir(self.root):
+                full = os.path.join(self.root, folder)
+                if os.path.isdir(full) and not os.path.islink(full):
+                    try:
+                        os.rmdir(full)  # (only an empty one goes)
+                    except OSError:
+                        pass
+        usage = self.usage()
+        return {"removed": removed, "bytes": usage["bytes"], "files": usage["files"]}
+
     def clear(self) -> int:
         """Delete every cached file nobody is reading; returns how many were deleted."""
+        self._need_write("clear it")
         removed = 0
         with self._global():
             for dirpath, _, names in os.walk(self.root, topdown=False):
                 for name in names:
-                    if name == LOCK_NAME:
-                        continue
-                    full = os.path.join(dirpath, name)
-                    fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        os.unlink(full)
+                    if name != LOCK_NAME and _remove_if_free(os.path.join(dirpath, name)):
                         removed += 1
-                    except OSError:
-                        pass
-                    finally:
-                        os.close(fd)
                 if dirpath != self.root:
                     try:
                         os.rmdir(dirpath)
@@ -375,12 +461,54 @@ def _identity(path: str, fd: int | None = None) -> tuple[str, int, int]:
 
 
 def _file_hash(path: str) -> str:
-    """xxh3-128 of the file, read into one reused 1 MB buffer: faster than a memory map, and
-    than fresh chunks whose pages are new memory each time (docs/remote.md)."""
+    """xxh3-128 of the file at ``path``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _fd_hash(fd, os.fstat(fd).st_size) or ""
+    finally:
+        os.close(fd)
+
+
+def _fd_hash(fd: int, size: int) -> str | None:
+    """xxh3-128 of the first ``size`` bytes of the open file (None if it is shorter now), read
+    into one reused 1 MB buffer: faster than a memory map, and than fresh chunks whose pages are
+    new memory each time (docs/remote.md)."""
     hasher = fmt.new_content_hasher()
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            hasher.update(view[:n])
+    view = memoryview(bytearray(1 << 20))
+    offset = 0
+    while offset < size:
+        n = os.preadv(fd, [view[:min(len(view), size - offset)]], offset)
+        if n == 0:
+            return None  # truncated meanwhile
+        hasher.update(view[:n])
+        offset += n
     return hasher.hexdigest()
+
+
+def _remove_if_free(path: str) -> bool:
+    """Delete the cache file (or temp file) at ``path`` unless some process holds a lock on it
+    (a reader, or a live download); whether it was deleted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # gone meanwhile, or not ours to open
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(path)
+        return True
+    except OSError:
+        return False  # held: in use
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _writing(path: str, what: str):
+    """The cache's own writes: an OSError is a one-line CacheError naming ``path`` (a local
+    problem: not retried, not blamed on the remote)."""
+    try:
+        yield
+    except ShardpackError:
+        raise
+    except OSError as exc:
+        raise CacheError(f"{what}: {exc.strerror or exc}", path=path) from exc

@@ -465,7 +465,13 @@ def verify(dataset, decode, quiet, storage_options):
 @click.option("--long", "-l", "long_", is_flag=True, help="Also shard, fields and sizes.")
 @storage_option
 def ls_(dataset, long_, storage_options):
-    """List the keys of DATASET in stored order."""
+    """List the keys of DATASET in stored order, one a line.
+
+    A key (or, with --long, a field name) holding a control character (newline, tab, ...), a
+    line separator or bytes that are not UTF-8, or starting with $', is printed in the shell's
+    $'...' quoting: \\n \\r \\t \\\\ \\' as such, other control characters and
+    non-UTF-8 bytes as \\xHH, C1 controls and line separators as \\uHHHH.  Pasted into bash
+    or zsh it is the key again (shardpack cat DATASET $'a\\nb')."""
     from .reader import DatasetReader
 
     reader = DatasetReader(dataset, _parse_options(storage_options))
@@ -473,12 +479,44 @@ def ls_(dataset, long_, storage_options):
     for shard, entry in enumerate(reader.shards):
         index = reader.index(shard)
         for row in range(index.num_samples):
-            key = index.key(row)
+            key = _shown_name(index.key(row))
             if long_:
-                fields = " ".join(f"{n}:{s}" for n, _, s in index.sample_fields(row))
+                fields = " ".join(f"{_shown_name(n)}:{s}"
+                                  for n, _, s in index.sample_fields(row))
                 out.write(f"{key}\t{entry.name}\t{fields}\n")
             else:
                 out.write(key + "\n")
+
+
+_SHELL_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", "'": "\\'"}
+
+
+def _shown_name(name: str) -> str:
+    """``name`` on one line of ``ls``: as it is, or in $'...' quoting where it holds a
+    character that would break the line or the terminal (Unicode categories Cc, Zl, Zp; Cs:
+    the surrogate escapes of bytes that are not UTF-8), or starts with $' itself (so a quoted
+    form is never also a plain key)."""
+    if name.isprintable() and not name.startswith("$'"):
+        return name  # the common case (str.isprintable is false for every character escaped)
+    import unicodedata
+
+    if not name.startswith("$'") and not any(
+            unicodedata.category(c) in ("Cc", "Zl", "Zp", "Cs") for c in name):
+        return name  # not printable for other reasons (a zero-width joiner): harmless
+    parts = []
+    for c in name:
+        code = ord(c)
+        if c in _SHELL_ESCAPES:
+            parts.append(_SHELL_ESCAPES[c])
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+            parts.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x80 and unicodedata.category(c) == "Cc":
+            parts.append(f"\\x{code:02x}")
+        elif unicodedata.category(c) in ("Cc", "Zl", "Zp", "Cs"):
+            parts.append(f"\\u{code:04x}")
+        else:
+            parts.append(c)
+    return "$'" + "".join(parts) + "'"
 
 
 @main.command()
@@ -601,7 +639,7 @@ def bench(datasets, files, weights, epoch_size, decode, workers, batch_size, siz
 
 @main.group()
 def cache():
-    """Inspect or clear the local shard cache used for remote datasets."""
+    """Inspect, prune or clear the local shard cache used for remote datasets."""
 
 
 cache_dir_option = click.option("--cache-dir", default=None,
@@ -630,6 +668,30 @@ def cache_clear(cache_dir):
 
     removed = ShardCache(cache_dir or default_cache_dir(), 0).clear()
     click.echo(f"removed {plural(removed, 'cached file')}")  # shards and indexes
+
+
+@cache.command(name="prune")
+@cache_dir_option
+@click.option("--limit", default="50GB", show_default=True, metavar="SIZE",
+              help="Bring the cache under this many bytes (e.g. 20GB, 500MiB); the default is "
+                   "the default cache_limit of a dataset.")
+def cache_prune(cache_dir, limit):
+    """Evict the least recently used cached files no process is reading until the cache fits
+    --limit, and delete what killed downloads left; print each file removed."""
+    from .cache import ShardCache, default_cache_dir
+    from .plan import parse_size
+
+    cache = ShardCache(cache_dir or default_cache_dir(), parse_size(limit))
+    result = cache.prune()
+    for path, size in result["removed"]:
+        click.echo(f"removed {path} ({size / 1e6:,.1f} MB)")
+    left = (f"{plural(len(result['removed']), 'file')} removed "
+            f"({sum(size for _, size in result['removed']) / 1e6:,.1f} MB); the cache holds "
+            f"{plural(result['files'], 'file')}, {result['bytes'] / 1e6:,.1f} MB, limit "
+            f"{cache.limit / 1e6:,.1f} MB")
+    if result["bytes"] > cache.limit:  # what is left over it is in use: never evicted
+        left += "; the files over the limit are in use by a reading process, try again later"
+    click.echo(left)
 
 
 if __name__ == "__main__":

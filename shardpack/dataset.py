@@ -9,6 +9,7 @@ module only reads what they say, lazily, in whichever process iterates.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import warnings
 from typing import Callable, Iterator, Sequence
 
@@ -40,8 +41,13 @@ class ShardDataset(IterableDataset):
     from any plain DataLoader.  With ``torchdata``'s ``StatefulDataLoader`` the loader's own
     ``state_dict()`` carries each worker's position.
 
-    Every sample is checked against its index hash the first time a process reads it
-    (docs/reading.md, "Integrity"); ``trust_storage=True`` skips that for storage you trust.
+    Every sample is checked against its index hash each time it is read (docs/reading.md,
+    "Integrity"): ``check="every"`` (the default); ``check="once"`` checks it the first time a
+    process reads it from a copy of its shard (then missed: bytes changed with no trace in the
+    file's stat, and a cached copy changed in place); ``check="none"`` (or
+    ``trust_storage=True``) skips it for storage you trust.
+    Mapped shards are stat-ed at each epoch's start and their size before each use, in every
+    mode: a shard changed in place is mapped again, or refused in one line.
     """
 
     def __init__(self, path, *, shuffle: bool = True, seed: int = 0,
@@ -53,7 +59,7 @@ class ShardDataset(IterableDataset):
                  cache_dir=None, cache_limit="50GB", prefetch: int = 2,
                  trust_storage: bool = False, shard_affinity: bool = True,
                  slot_pool: SlotPool | None = None, weights: Sequence[float] | None = None,
-                 epoch_size: int | None = None):
+                 epoch_size: int | None = None, check: str | None = None):
         super().__init__()
         if partial not in partition.PARTIAL_POLICIES:
             raise ValueError(f"partial must be one of {partition.PARTIAL_POLICIES}, got "
@@ -72,7 +78,8 @@ class ShardDataset(IterableDataset):
             sources = sources_of([path] if isinstance(path, Source) else path, weights)
             self.reader = MixReader(sources, storage_options=storage_options,
                                     cache_dir=cache_dir, cache_limit=cache_limit,
-                                    prefetch=prefetch, trust_storage=trust_storage, burst=burst)
+                                    prefetch=prefetch, trust_storage=trust_storage, burst=burst,
+                                    check=check)
             sizes = self.reader.source_sizes()
             totals = [sum(x) for x in sizes]
             counts = partition.allot(totals, [src.weight for src in sources],
@@ -83,7 +90,7 @@ class ShardDataset(IterableDataset):
         else:
             self.reader = DatasetReader(path, storage_options, cache_dir=cache_dir,
                                         cache_limit=cache_limit, prefetch=prefetch,
-                                        trust_storage=trust_storage, burst=burst)
+                                        trust_storage=trust_storage, burst=burst, check=check)
         unknown = sorted(set(fields or ()) - set(self.reader.fields))
         if unknown:
             raise ValueError(f"unknown fields {unknown}: the dataset has {self.reader.fields}")
@@ -187,7 +194,8 @@ class ShardDataset(IterableDataset):
         if samples_seen is not None:
             self._capture_dist()
             where = self._placement()
-            return {**base, "epoch": epoch, "history": history + [[where.world, int(samples_seen)]],
+            return {**base, "epoch": epoch,
+                    "history": history + [[where.world, self._seen(samples_seen)]],
                     "worker": None}
         running = self._running
         if running is None or running.epoch != epoch:  # not iterating: what would run next
@@ -197,6 +205,21 @@ class ShardDataset(IterableDataset):
                 "worker": {"world": running.world, "rank": running.rank,
                            "num_workers": running.num_workers, "worker": running.worker,
                            "batch_size": self.batch_size, "yielded": running.yielded.value}}
+
+    def _seen(self, samples_seen) -> int:
+        """``samples_seen`` as an int, refused where no rank could have seen that many (a
+        state saved from it could not be loaded)."""
+        try:
+            if isinstance(samples_seen, bool):
+                raise TypeError
+            seen = operator.index(samples_seen)
+        except TypeError:
+            raise ValueError(f"samples_seen must be an integer, found "
+                             f"{_short(samples_seen)}") from None
+        if not 0 <= seen <= len(self):
+            raise ValueError(f"samples_seen={seen:,}: this rank's share of an epoch holds 0 to "
+                             f"{len(self):,} samples")
+        return seen
 
     def _current(self) -> tuple[int, list]:
         """(epoch, resume history) of the epoch running or about to run in this process."""
@@ -208,42 +231,51 @@ class ShardDataset(IterableDataset):
         return epoch, []
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume: the next iteration yields exactly what the saved epoch had left."""
+        """Resume: the next iteration yields exactly what the saved epoch had left.  A state
+        that cannot belong to this dataset (wrong types, negative or impossible counts, a
+        history longer than any run makes) is refused in one line before anything is computed
+        from it."""
+        if not isinstance(state, dict):
+            raise ValueError(f"a ShardDataset state is a dict, found {type(state).__name__}")
         # versions 1 and 2 shuffled blocks and windows from other random draws (3: one key
         # per span and window, so a process computes its own share alone); unshuffled orders
         # are the same in all of them
-        unshuffled = not state.get("shuffle")
+        shuffle = state.get("shuffle")  # (a value of another type: refused below)
+        unshuffled = isinstance(shuffle, (bool, int, np.integer, type(None))) and not shuffle
         version = state.get("version")
-        if version != STATE_VERSION and not (version in (1, 2) and unshuffled):
+        if not _same(version, STATE_VERSION) and not (_is_int(version) and version in (1, 2)
+                                                      and unshuffled):
             why = ("states of order versions 1 and 2 resume only unshuffled epochs: do not load "
                    "this one; start the epoch from its beginning, or finish it with the shardpack "
-                   "that saved it") if version in (1, 2) else \
+                   "that saved it") if _is_int(version) and version in (1, 2) else \
                 "saved by another shardpack (or not a ShardDataset state)"
             raise ValueError(f"unsupported state version: expected {STATE_VERSION}, found "
-                             f"{version!r}: {why}")
+                             f"{_short(version)}: {why}")
+        _check_state(state, self._epoch_samples())
         mix = None if self._mix is None else \
             [[sum(sizes), count] for sizes, count in zip(*self._mix, strict=True)]
-        if state.get("mix") != mix:
-            raise ValueError(f"state was saved with mixture {state.get('mix')!r} ([samples, "
-                             f"per epoch] of each source), this dataset has {mix!r}: resume "
-                             "needs the same sources and shares")
+        if not _same(state.get("mix"), mix):
+            raise ValueError(f"state was saved with mixture {_short(state.get('mix'))} "
+                             f"([samples, per epoch] of each source), this dataset has "
+                             f"{_short(mix)}: resume needs the same sources and shares")
         # mixed epochs have their own order version (single datasets' orders did not change);
         # a state from before it (no "mix_order": version 1) loads where its epochs are the same
         mix_version = state.get("mix_order", 1)
-        if mix is not None and partition.mix_order_changed(mix, not unshuffled, mix_version):
+        if mix is not None and (not _is_int(mix_version) or
+                                partition.mix_order_changed(mix, not unshuffled, mix_version)):
             raise ValueError(f"unsupported mixture order version: expected "
-                             f"{partition.MIX_ORDER_VERSION}, found {mix_version!r}: its epochs "
-                             "read a downsampled source in another order; do not load this "
+                             f"{partition.MIX_ORDER_VERSION}, found {_short(mix_version)}: its "
+                             "epochs read a downsampled source in another order; do not load this "
                              "state: start the epoch from its beginning, or finish it with the "
                              "shardpack that saved it")
         for key in ("num_samples", "seed", "shuffle", "partial", "block_size", "shuffle_window",
                     "shard_affinity"):
             mine = self._epoch_samples() if key == "num_samples" else getattr(self, key)
             saved = state.get(key, False)  # (states from before shard_affinity: False)
-            if saved != mine:
-                raise ValueError(f"state was saved with {key}={saved!r}, this dataset has "
+            if not _same(saved, mine):
+                raise ValueError(f"state was saved with {key}={_short(saved)}, this dataset has "
                                  f"{mine!r}: resume needs the same dataset and order settings"
-                                 + (f" (pass shard_affinity={saved!r})"
+                                 + (f" (pass shard_affinity={_short(saved)})"
                                     if key == "shard_affinity" else ""))
         self._resume = {"epoch": state["epoch"], "history": [list(h) for h in state["history"]],
                         "worker": state.get("worker")}
@@ -279,6 +311,7 @@ class ShardDataset(IterableDataset):
         resumes), prefetch (fetching ahead, for remote data), gather (batches or samples),
         decode and transform (applied where the items are made: :meth:`_finish`)."""
         settle_worker()
+        self.reader.revalidate()  # shards changed since the last epoch are mapped again
         position, share = self._begin()
         skip = position.yielded.value
         fetcher = NOTHING
@@ -511,8 +544,116 @@ class Position:
     yielded: Counter
 
 
+MAX_RESUMES = 10_000  # steps a resume history may hold: one per resume within one epoch
+MAX_WORLD = 1 << 18   # ranks a saved step or worker position may name (262,144 processes)
+# A step after which the world size changes re-cuts what is left of the epoch for every rank,
+# at a cost that follows the ranks and the ranges cut so far (partition._resumed, about 1-3 us
+# each): a history may cost this many such units, a few seconds at most, where real elastic runs
+# (a 100,000-rank job resized five times: 1.5 million) stay under it
+MAX_RESUME_WORK = 1 << 21
+
+
+def _check_state(state: dict, samples: int) -> None:
+    """Refuse a state that cannot belong to a dataset of ``samples`` samples an epoch: wrong
+    types, a negative epoch or count, more samples seen than a rank's share holds, a history
+    longer than any run makes.  O(len(history)), at most MAX_RESUMES steps, and checked before
+    anything loops over it, so a crafted state (a history of 10^9 steps) fails at once."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"not a state of this dataset ({samples:,} samples an epoch): {what}")
+
+    for key in ("epoch", "history"):
+        if key not in state:
+            raise bad(f"it has no {key!r}")
+    epoch, history = state["epoch"], state["history"]
+    if not _is_int(epoch) or not 0 <= epoch < 1 << 63:
+        raise bad(f"epoch must be an integer >= 0, found {_short(epoch)}")
+    if not isinstance(history, (list, tuple)):
+        raise bad(f"history must be a list of [world, samples_seen] steps, found "
+                  f"{type(history).__name__}")
+    if len(history) > MAX_RESUMES:
+        raise bad(f"its history has {len(history):,} resume steps, more than the "
+                  f"{MAX_RESUMES:,} one epoch may record")
+    _check_history(history, samples, bad)
+    _check_worker(state.get("worker"), samples, bad)
+
+
+def _check_history(history: list, samples: int, bad) -> None:
+    """Each step ``[world, samples_seen]``: integers, a world of 1 to MAX_WORLD ranks, and no
+    more samples seen since the world size last changed than a rank's share holds; the work of
+    resuming it bounded by MAX_RESUME_WORK."""
+    run_world, run_seen, ranges, work = None, 0, 1, 0
+
+    def recut(world: int) -> None:  # the steps of ``world`` ranks end: the rest is cut anew
+        nonlocal ranges, work
+        work += ranges + world
+        ranges = min(ranges + world, samples + world)  # consumed samples cut the ranges
+        if work > MAX_RESUME_WORK:
+            raise bad(f"its history changes the world size so often, on so many ranks, that "
+                      f"resuming it would cut the epoch {work:,} times over (at most "
+                      f"{MAX_RESUME_WORK:,})")
+
+    for i, step in enumerate(history):
+        if not isinstance(step, (list, tuple)) or len(step) != 2 or \
+                not all(_is_int(v) for v in step):
+            raise bad(f"history step {i} must be [world, samples_seen] integers, found "
+                      f"{_short(step)}")
+        world, seen = int(step[0]), int(step[1])
+        if not 1 <= world <= MAX_WORLD:
+            raise bad(f"history step {i} has world size {world:,} (1 to {MAX_WORLD:,})")
+        if world != run_world:
+            if run_world is not None:
+                recut(run_world)
+            run_world, run_seen = world, 0
+        run_seen += seen
+        share = -(-samples // world)  # the most samples one rank's share of an epoch holds
+        if seen < 0 or run_seen > share:
+            raise bad(f"history step {i} says each of {world:,} ranks saw {seen:,} samples"
+                      + (f" ({run_seen:,} since the world size last changed)"
+                         if run_seen != seen else "")
+                      + f"; a rank's share holds 0 to {share:,}")
+    if run_world is not None:
+        recut(run_world)  # the world it resumes on may differ too
+
+
+def _check_worker(saved, samples: int, bad) -> None:
+    """A worker-level position (``state_dict()`` inside a DataLoader worker), or None."""
+    if saved is None:
+        return
+    names = ("world", "rank", "num_workers", "worker", "batch_size", "yielded")
+    if not isinstance(saved, dict) or any(not _is_int(saved.get(n)) for n in names):
+        raise bad(f"worker must be null or {{{', '.join(names)}: integers}}, found "
+                  f"{_short(saved)}")
+    world, rank, workers, worker, batch, yielded = (int(saved[n]) for n in names)
+    if not (1 <= world <= MAX_WORLD and 0 <= rank < world and 1 <= workers <= MAX_WORLD
+            and 0 <= worker < workers and batch >= 1 and 0 <= yielded <= samples):
+        raise bad(f"worker position {_short(saved)} is not a place in an epoch of this "
+                  f"dataset")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _same(saved, mine) -> bool:
+    """``saved == mine``, False where the comparison is not a plain truth value (an array)."""
+    try:
+        return bool(saved == mine)
+    except (TypeError, ValueError):
+        return False
+
+
+def _short(value) -> str:
+    """``repr(value)``, cut short: a state's values can be anything."""
+    import reprlib
+
+    shown = reprlib.Repr()
+    shown.maxstring = shown.maxother = 80
+    shown.maxlist = shown.maxtuple = shown.maxdict = 6
+    return shown.repr(value)
+
+
 def _check_labels(sample: dict, reader: DatasetReader, shard: int, row: int) -> None:
-    from .batches import LABEL_FIELDS
+    from .batches import LABEL_FIELDS, label_value
     from .errors import FormatError
 
     for name in LABEL_FIELDS:
@@ -520,10 +661,10 @@ def _check_labels(sample: dict, reader: DatasetReader, shard: int, row: int) -> 
         if value is None:
             continue
         try:
-            int(bytes(value))
-        except ValueError:
-            raise FormatError(f"field {name!r} holds {bytes(value)[:40]!r}, not an integer "
-                              "label", path=reader.shard_path(shard), key=sample["__key__"],
+            label_value(value)  # collate's own parse: an integer within int64
+        except ValueError as exc:
+            raise FormatError(f"field {name!r} holds {bytes(value)[:40]!r}, {exc}",
+                              path=reader.shard_path(shard), key=sample["__key__"],
                               offset=reader.index(shard).span(row)[0]) from None
 
 
@@ -532,8 +673,11 @@ class MapDataset:
     memory-map slice) per sample.  Works as a map-style dataset for ``DataLoader``."""
 
     def __init__(self, path, *, decode: Callable | None = None,
-                 storage_options: dict | None = None, trust_storage: bool = False):
-        self.reader = DatasetReader(path, storage_options, trust_storage=trust_storage)
+                 storage_options: dict | None = None, trust_storage: bool = False,
+                 check: str | None = None):
+        """``check``: as :class:`ShardDataset`'s (every read by default)."""
+        self.reader = DatasetReader(path, storage_options, trust_storage=trust_storage,
+                                    check=check)
         self.decode = decode
         self._keys: dict[str, int] | None = None
 

@@ -93,12 +93,15 @@ def should_flip(rnd: SampleRandom | None, opts: CropOptions) -> bool:
     return bool(opts.train and opts.flip and rnd is not None and rnd.uniform() < 0.5)
 
 
-def decode_image(data, opts: CropOptions, rnd: SampleRandom | None = None) -> np.ndarray:
+def decode_image(data, opts: CropOptions, rnd: SampleRandom | None = None,
+                 max_pixels: int | None = None) -> np.ndarray:
     """One image -> uint8 ``[size, size, 3]``, the fast way.  JPEGs (found by their magic bytes,
     whatever the field name) decode with simplejpeg at a reduced DCT scale; CMYK/YCCK JPEGs, JPEGs
     simplejpeg refuses and every other format decode whole with :func:`images.decode_rgb` (same RGB
     rules as :func:`reference_decode`).  The crop box is drawn once, from the header's size when
-    there is one, so a fallback decode crops exactly as the fast path would have."""
+    there is one, so a fallback decode crops exactly as the fast path would have.  An image whose
+    header is over the decode budget ``max_pixels`` (:func:`images.decode_budget`) is a
+    DecodeError before any decoder runs, whatever the DCT scale would have been."""
     from .images import check_size, decode_rgb
 
     crop = box = None
@@ -110,7 +113,7 @@ def decode_image(data, opts: CropOptions, rnd: SampleRandom | None = None) -> np
         except ValueError:
             colorspace = None  # decode_rgb below says what is wrong
         if colorspace is not None:
-            check_size(width, height)
+            check_size(width, height, max_pixels)
             box = top, left, ch, cw = crop_box(height, width, opts, rnd)
         if colorspace not in (None, "CMYK", "YCCK"):  # libjpeg-turbo's RGB output is right
             factor = 1
@@ -129,7 +132,7 @@ def decode_image(data, opts: CropOptions, rnd: SampleRandom | None = None) -> np
                 x1 = max(x0 + 1, min(pixels.shape[1], int(round((left + cw) * sx))))
                 crop = pixels[y0:y1, x0:x1]
     if crop is None:
-        pixels = decode_rgb(data)  # raises DecodeError naming what is wrong
+        pixels = decode_rgb(data, max_pixels=max_pixels)  # DecodeError naming what is wrong
         if box is None or pixels.shape[:2] != (height, width):
             box = crop_box(pixels.shape[0], pixels.shape[1], opts, rnd)
         top, left, ch, cw = box
@@ -263,14 +266,24 @@ class CpuDecode:
     iteration: the first epoch with persistent workers, every epoch without), worker 0 decodes its
     first batch with one thread per CPU while the other workers wait for it (at most
     HEAD_START_WAIT seconds), so the first batch arrives in about the time of one batch on all
-    cores instead of after every worker's first batch at once (docs/device.md, "First batch")."""
+    cores instead of after every worker's first batch at once (docs/device.md, "First batch").
+
+    ``max_pixels``: the decode budget (docs/images.md, "Decode budget"); None: the
+    ``SHARDPACK_MAX_PIXELS`` environment variable, else 8192 x 8192; 0: none.  An image over it
+    is refused from its header, before decoding, like any broken image (skipped with
+    ``on_error="skip"``)."""
 
     def __init__(self, size: int = 224, *, train: bool = True, field: str | None = None,
                  seed: int = 0, flip: bool = True, on_error: str = "raise",
-                 head_start: bool = True):
+                 head_start: bool = True, max_pixels: int | None = None):
+        from .images import decode_budget
+
+        if max_pixels is not None:
+            decode_budget(max_pixels)  # a bad value is refused here, not in every worker
         self.opts = CropOptions(size=size, train=train, flip=flip, seed=seed)
         self.field = field
         self.on_error = on_error
+        self.max_pixels = max_pixels
         self.epoch = 0  # set by ShardDataset at the start of every epoch
         self.head_start = head_start
         self._head = HeadStart(HEAD_START_WAIT) if head_start else None
@@ -321,7 +334,7 @@ class CpuDecode:
             for i in part:
                 rnd = SampleRandom(self.opts.seed, self.epoch, ids[i]) if self.opts.train else None
                 try:
-                    images[i] = decode_image(image_of(i), self.opts, rnd)
+                    images[i] = decode_image(image_of(i), self.opts, rnd, self.max_pixels)
                 except DecodeError as exc:
                     if self.on_error != "skip":
                         failed.append((i, exc.message))

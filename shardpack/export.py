@@ -17,7 +17,8 @@ Publishing: OUT must be missing or empty unless ``overwrite`` (which un-publishe
 earlier export there, and refuses a folder holding anything else).  Every tar or Parquet file is
 written atomically, then :data:`MARKER_NAME` last: it is the commit point.  On an error the files
 of the run are removed, so OUT holds no partial export.  ``files`` builds the tree in a hidden
-sibling folder and renames it onto OUT when complete.
+sibling folder and renames it onto OUT when complete (a run killed with SIGKILL leaves that folder:
+the next run for the same OUT removes it, once its owner process is gone).
 
 Hostile datasets and full disks (docs/packing.md): a manifest naming one shard file twice is
 refused; a full disk or another write error is one line (export has no ``--resume``: it is run
@@ -33,7 +34,6 @@ import json
 import os
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from . import format as fmt
@@ -41,7 +41,7 @@ from .errors import FileSystemError, PackError, ShardpackError
 from .plan import parse_size
 from .reader import open_reader
 from .storage import Storage, is_temp_name
-from .unpack import check_shard_names, os_error, remove_tree, resolve_out
+from .unpack import check_shard_names, os_error, resolve_out
 
 EXPORT_FORMATS = ("webdataset", "parquet", "files")
 MARKER_NAME = "_shardpack_export.json"  # a leading '_': pyarrow and Spark readers skip it
@@ -161,9 +161,15 @@ def _export_shards(reader, storage: Storage, to: str, limit: int, int_cls: bool,
 
 
 def _samples(reader, bar, summary: ExportSummary):
-    """Every sample of the dataset in order, one shard in memory at a time; counts them."""
+    """Every sample of the dataset in order, one shard in memory at a time; counts them.  A key
+    that unpack would refuse (format.unsafe_name_reason: '..', absolute, not UTF-8, ...) is
+    refused for every format, before anything of it is written."""
     for shard in range(len(reader.shards)):
         for sample in reader.iter_shard(shard):
+            why = fmt.unsafe_name_reason(sample[fmt.KEY_FIELD])
+            if why:
+                raise ShardpackError(f"sample key cannot be exported: {why}",
+                                     path=reader.shard_path(shard), key=sample[fmt.KEY_FIELD])
             summary.samples += 1
             summary.bytes += sum(len(v) for k, v in sample.items() if k != fmt.KEY_FIELD)
             yield shard, sample
@@ -207,7 +213,7 @@ def _prepare(storage: Storage, overwrite: bool) -> bool:
 
 def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
                   overwrite: bool, progress: bool, summary: ExportSummary) -> None:
-    from .unpack import unpack
+    from .unpack import unpack, unpack_replacing
 
     if not Storage(out, storage_options).local:
         raise ShardpackError("--to files writes a local folder", path=out,
@@ -228,34 +234,10 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
         index = reader.index(shard)
         summary.samples += index.num_samples
         summary.bytes += int(index.entry_sizes.sum())
-    if not busy:
-        summary.files = unpack(dataset, out, storage_options, progress)
-        return
-    parent, base = os.path.split(out)
-    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    new = os.path.join(parent, f".{base}.new-{tag}")
-    old = os.path.join(parent, f".{base}.old-{tag}")
-    try:
-        try:
-            summary.files = unpack(dataset, new, storage_options, progress)
-        except ShardpackError as exc:  # name OUT, not the hidden folder that was removed
-            if exc.path != new:
-                raise
-            named = type(exc)(exc.message, path=out, offset=exc.offset, key=exc.key,
-                              hint=exc.hint)
-            if isinstance(exc, OSError):
-                named.errno = exc.errno
-            raise named from None
-        os.rename(out, old)
-        try:
-            os.rename(new, out)
-        except BaseException:
-            os.rename(old, out)
-            raise
-    except BaseException:
-        remove_tree(new)
-        raise
-    remove_tree(old)  # not shutil.rmtree: it recurses once per folder level
+    # both build the tree in one hidden work folder beside OUT, which a killed run leaves behind
+    # and the next run removes (shardpack/unpack.py, docs/packing.md)
+    run = unpack_replacing if busy else unpack
+    summary.files = run(dataset, out, storage_options, progress)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,11 +270,7 @@ def _next_record(reader, samples, upper: set) -> bytes | None:
     if item is None:
         return None
     shard, sample = item
-    key = sample[fmt.KEY_FIELD]
-    why = fmt.unsafe_name_reason(key)
-    if why:
-        raise ShardpackError(f"sample key cannot be a tar member name: {why}",
-                             path=reader.shard_path(shard), key=key)
+    key = sample[fmt.KEY_FIELD]  # (safe: _samples checked it)
     parts = []
     for name, data in sample.items():
         if name == fmt.KEY_FIELD:

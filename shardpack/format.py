@@ -33,6 +33,10 @@ FORMAT_VERSION = 2
 READ_VERSIONS = (1, 2)  # version 1: dense per-shard field table in the index (docs/format.md)
 MANIFEST_NAME = "shardpack.json"
 STATE_NAME = ".shardpack-pack.json"  # options of a pack in progress (or failed); removed at commit
+# The most a manifest may be: room for 10^6 shard entries (10^9 samples at 1,000 samples a shard)
+# of at most 256 bytes each (a 12-digit shard size and a 6-digit shard number encode to 247), and
+# 32 MiB for everything else (classes, fields, notes).  docs/format.md, "Manifest".
+MANIFEST_CAP = 10**6 * 256 + (32 << 20)
 SKIPS_NAME = "skipped.jsonl"  # the skip report (shardpack/skips.py), when a pack skipped any
 MANIFEST_FORMAT = "shardpack"
 HASH_NAME = "xxh3-128"
@@ -92,9 +96,21 @@ def split_name(basename: str) -> tuple[str, str]:
 
 
 def check_field_name(field: str) -> str | None:
-    """Return why ``field`` cannot be a field name, or None when it can."""
+    """Return why ``field`` cannot be a field name, or None when it can: the one rule of the
+    walk, listings, converters and ``verify``.  Refused: empty; names starting with '__' (the
+    reader's own entries ``__key__``, ``__index__``, ... and any ``__*__``); '/' or NUL (a
+    field is the end of a file name); '..' (never half of a path step)."""
     if not field:
         return "has no extension, so it has no field name"
+    return reserved_field_reason(field) or (
+        f"field name {field!r} contains '..'" if ".." in field else None)
+
+
+def reserved_field_reason(field: str) -> str | None:
+    """Why a non-empty field name can never be in an index, or None.  No release wrote these
+    names, so readers refuse an index that has one (a field ``__key__`` would replace the
+    sample's key in every sample dict); '..' is refused when packing and by ``verify`` only, as
+    datasets packed before that rule may hold it."""
     if field == KEY_FIELD or field.startswith("__"):
         return f"field name {field!r} is reserved (names starting with '__')"
     if "/" in field or "\x00" in field:
@@ -606,9 +622,13 @@ def _index_field_names(buf, nfields: int, end: int, path: str | None) -> list[st
         if pos + 2 + ln > end:
             raise FormatError("index field-name table runs past its length", path=path)
         try:
-            fields.append(bytes(buf[pos + 2:pos + 2 + ln]).decode("utf-8"))
+            name = bytes(buf[pos + 2:pos + 2 + ln]).decode("utf-8")
         except UnicodeDecodeError:
             raise FormatError("index field name is not UTF-8", path=path) from None
+        why = reserved_field_reason(name) if name else "field name is empty"
+        if why:
+            raise FormatError(f"index {why}"[:300], path=path)
+        fields.append(name)
         pos += 2 + ln
     return fields
 
@@ -1064,7 +1084,11 @@ def _count(value) -> bool:
 
 def unsafe_name_reason(name: str) -> str | None:
     """Why a member or key name must not become a path under an output folder, or None.
-    Refused: absolute names, empty, '.' or '..' components, NUL."""
+    Refused: absolute names, empty, '.' or '..' components (so '//' and a trailing '/'), NUL,
+    and bytes that are not UTF-8 (an index key is decoded with surrogate escapes: keys are UTF-8
+    text, and a tar or Parquet export could not write one).  The one key rule of pack's listings,
+    the converters, ``unpack``, ``export`` and ``verify``.  A newline is allowed: a file name
+    may hold one, pack keeps it and unpack writes it back (``ls`` prints it escaped)."""
     if not name:
         return "empty name"
     if name.startswith("/"):
@@ -1073,4 +1097,9 @@ def unsafe_name_reason(name: str) -> str | None:
         return "name contains NUL"
     if any(part in ("", ".", "..") for part in name.split("/")):
         return "name has an empty, '.' or '..' component"
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            return "name is not valid UTF-8"
     return None

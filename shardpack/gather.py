@@ -1,17 +1,20 @@
 """Gather: whole batches read straight from memory-mapped shards (the batched fast path).
 
 A :class:`Gatherer` plans a run of batches (which shard, row and byte range every field of every
-sample comes from), checks each sample against its index hash once per process (the reader's
-memo), parses ``cls`` labels for a planned stretch at once, and copies each field's bytes once
-into the batch's tensor.  Where the bytes go and how a batch travels to the main process is
-the transport's business (shardpack/batches.py: Batch, collate, slots).
+sample comes from), checks each sample against its index hash (on every read, or once per
+process with the reader's ``check="once"`` memo), parses ``cls`` labels for a planned stretch
+at once, and copies each field's bytes once into the batch's tensor.  Where the bytes go and
+how a batch travels to the main process is the transport's business (shardpack/batches.py:
+Batch, collate, slots).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .batches import LABEL_FIELDS, Batch, Keys, by_shard, pack_bytes, slices
+from . import format as fmt
+from .batches import LABEL_FIELDS, Batch, Keys, by_shard, label_value, pack_bytes, slices
+from .errors import IntegrityError
 from .reader import UNPARSED
 from .torchenv import torch
 
@@ -46,7 +49,8 @@ def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
 class Gatherer:
     """Whole batches of a run of samples (``ids``, in order), read straight from memory-mapped
     shards into one tensor per field: each field's bytes are copied once, with no per-sample
-    Python objects but one slice per item.  msgpack records are CRC-checked.
+    Python objects but one slice per item.  Samples are hash-checked as the reader's
+    ``check`` says; msgpack record headers are checked in every batch.
 
     ``shared``: batches cross to another process (a DataLoader worker); ``pool``: a
     :class:`~shardpack.buffers.SlotPool` to put large fields in.  :meth:`batch` returns None when
@@ -147,20 +151,18 @@ class Gatherer:
         return out
 
     def _check(self, shards, rows, bufs, msgpack: bool) -> None:
-        """Check this batch's samples against their index hashes, each once per process
-        (:meth:`DatasetReader.check_rows`); msgpack record headers too (the fast path copies
-        fields straight out of uncompressed records)."""
-        from . import format as fmt
-        from .errors import IntegrityError
-
+        """Check this batch's samples against their index hashes as the reader's ``check``
+        says (:meth:`DatasetReader.check_rows`: every read by default, in one C-driven pass a
+        shard); msgpack record headers of every sample of every batch, whatever the mode (the
+        fast path copies fields straight out of uncompressed records: a header zeroed or
+        shifted in place under the memo, or with ``check="none"``, is refused here, never
+        copied out as a zero-filled sample)."""
         reader = self.reader
         for shard, sel in by_shard(shards):
             r = rows[sel]
             if msgpack and reader.index(shard).shard_format == "msgpack":
-                todo = reader.unchecked(shard, r)
-                if len(todo):
-                    _check_records(reader.index(shard), todo, bufs[shard],
-                                   reader.shard_path(shard), IntegrityError, fmt)
+                _check_records(reader.index(shard), r, bufs[shard], reader.shard_path(shard),
+                               IntegrityError, fmt)
             reader.check_rows(shard, r, bufs[shard])
 
     def _labels(self, f, plan, a, b, bufs) -> np.ndarray:
@@ -204,17 +206,17 @@ class Gatherer:
 
 def _bad_label(reader, shard: int, field: str, src, starts, sizes, rows, exc):
     """A :class:`~shardpack.errors.FormatError` naming the shard and the first sample whose
-    label ``int()`` refuses."""
+    label :func:`~shardpack.batches.label_value` refuses."""
     from .errors import FormatError
 
     for start, size, row in zip(starts.tolist(), sizes.tolist(), rows.tolist(),
                                 strict=True):
         text = src[start:start + size].tobytes()
         try:
-            int(text)
-        except ValueError:
+            label_value(text)
+        except ValueError as why:
             index = reader.index(shard)
-            return FormatError(f"field {field!r} holds {text[:40]!r}, not an integer label",
+            return FormatError(f"field {field!r} holds {text[:40]!r}, {why}",
                                path=reader.shard_path(shard), key=index.key(row),
                                offset=int(index.starts[row]))
     return FormatError(str(exc), path=reader.shard_path(shard))
@@ -222,9 +224,10 @@ def _bad_label(reader, shard: int, field: str, src, starts, sizes, rows, exc):
 
 def _parse_ints(field: str, src: np.ndarray, starts: np.ndarray,
                 sizes: np.ndarray) -> np.ndarray:
-    """Labels that ``int()`` accepts (signs, surrounding whitespace); ValueError otherwise."""
+    """Labels that :func:`~shardpack.batches.label_value` accepts (what ``int()`` does, within
+    int64); ValueError otherwise."""
     try:
-        return np.array([int(src[p:p + k].tobytes()) for p, k in
+        return np.array([label_value(src[p:p + k].tobytes()) for p, k in
                          zip(starts.tolist(), sizes.tolist(), strict=True)],
                         dtype=np.int64)
     except ValueError:
@@ -236,8 +239,8 @@ def _parse_ints(field: str, src: np.ndarray, starts: np.ndarray,
 
 def _check_records(index, rows, buf, path, IntegrityError, fmt) -> None:
     """Record headers (stored size, no flags) of msgpack records ``rows`` of ``buf``, read in
-    one numpy gather.  Their bytes are checked by the sample hash
-    (:meth:`DatasetReader.check_rows`), so the CRC32C is not computed again here."""
+    one numpy gather.  Their bytes are checked by the sample hash as the reader's ``check``
+    says (:meth:`DatasetReader.check_rows`), so the CRC32C is not computed again here."""
     size = fmt.RECORD_HEADER.size
     src = np.frombuffer(buf, dtype=np.uint8)
     starts = index.starts[rows].astype(np.int64)

@@ -2,19 +2,22 @@
 every supported format to 8-bit RGB.  The rules and the reasons for them are in docs/images.md:
 the bytes, not the field name, decide an image's format (a PNG named .jpg is a valid image); RGB
 drops alpha, keeps the high byte of 16-bit samples, looks palettes up, converts CMYK with Pillow,
-takes the first frame, and does NOT apply EXIF orientation; Pillow's decompression-bomb limit
-applies to every decode, simplejpeg's included.
+takes the first frame, and does NOT apply EXIF orientation.  Every decode first reads the size from
+the header and refuses an image over the decode budget (:func:`decode_budget`) or Pillow's
+decompression-bomb limit, before any pixel memory is taken; the full check also refuses a header
+that claims more pixels than the file's compressed data can hold (:func:`capacity_reason`).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
 import struct
 
 import numpy as np
 
-from .errors import DecodeError
+from .errors import DecodeError, ShardpackError
 
 IMAGE_EXTENSIONS = {"jpg": "JPEG", "jpeg": "JPEG", "jpe": "JPEG", "jfif": "JPEG", "png": "PNG",
                     "webp": "WEBP", "gif": "GIF", "bmp": "BMP", "tif": "TIFF", "tiff": "TIFF"}
@@ -24,6 +27,12 @@ _MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", 
           (b"GIF89a", "GIF"), (b"II*\0", "TIFF"), (b"MM\0*", "TIFF"), (b"II+\0", "TIFF"),
           (b"MM\0+", "TIFF"))
 _EOI = b"\xff\xd9"
+
+# The decode budget: 64 Mi pixels (8192 x 8192, 192 MiB of RGB).  12 MP photos, 8K frames
+# (7680 x 4320) and 8192 x 8192 textures decode; a 13000 x 13000 PNG bomb (164 KB of deflated
+# zeros, 1.8 GB to decode) does not.  docs/images.md, "Decode budget".
+DEFAULT_MAX_PIXELS = 8192 * 8192
+MAX_PIXELS_ENV = "SHARDPACK_MAX_PIXELS"
 _BMP_HEADERS = (12, 40, 52, 56, 64, 108, 124)  # the DIB header sizes BMP writers use
 
 
@@ -283,26 +292,160 @@ _CHECKS = {"JPEG": _check_jpeg, "PNG": _check_png, "GIF": _check_gif, "WEBP": _c
            "BMP": _check_bmp, "TIFF": _check_tiff}
 
 
-def check_image_full(data, field: str) -> str | None:
-    """:func:`check_image`, then a full decode as training does it (:func:`decode_rgb`; Pillow's
-    ``LOAD_TRUNCATED_IMAGES`` is left False, so truncated pixel data fails).  None if fine."""
+def check_image_full(data, field: str, max_pixels: int | None = None) -> str | None:
+    """:func:`check_image`, then the header's size against what the file can hold
+    (:func:`capacity_reason`), then a full decode as training does it (:func:`decode_rgb`, within
+    the decode budget ``max_pixels``; Pillow's ``LOAD_TRUNCATED_IMAGES`` is left False, so
+    truncated pixel data fails).  None if fine."""
     reason = check_image(data, field)
     if reason or image_format(field) is None:
         return reason
+    if not isinstance(data, (bytes, bytearray)):
+        data = bytes(data)
+    reason = capacity_reason(data)
+    if reason:
+        return reason
     try:
-        decode_rgb(data)
+        decode_rgb(data, max_pixels=max_pixels)
     except DecodeError as exc:
         return exc.message
     return None
 
 
-def check_size(width: int, height: int) -> None:
-    """Raise DecodeError for an image over Pillow's decompression-bomb limit (read at call time, so
-    raising or clearing ``PIL.Image.MAX_IMAGE_PIXELS`` works here as it does in Pillow)."""
+def decode_budget(max_pixels: int | None = None) -> int:
+    """The decode budget in pixels (0: none): ``max_pixels`` when given, else the environment
+    variable ``SHARDPACK_MAX_PIXELS`` (read at call time, so DataLoader workers and the CLI see
+    it), else :data:`DEFAULT_MAX_PIXELS`.  A value that is no whole number >= 0 is a
+    ShardpackError, never a DecodeError: ``on_error="skip"`` must not skip every image for it."""
+    if max_pixels is None:
+        raw = os.environ.get(MAX_PIXELS_ENV, "").strip()
+        if not raw:
+            return DEFAULT_MAX_PIXELS
+        try:
+            max_pixels = int(raw.replace("_", ""))
+        except ValueError:
+            max_pixels = -1
+        if max_pixels < 0:
+            raise ShardpackError(f"{MAX_PIXELS_ENV}={raw!r}: expected a whole number of pixels "
+                                 "(0 for no decode budget)")
+        return max_pixels
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 0:
+        raise ShardpackError(f"max_pixels={max_pixels!r}: expected a whole number of pixels "
+                             "(0 for no decode budget, None for the default)")
+    return max_pixels
+
+
+def check_size(width: int, height: int, max_pixels: int | None = None) -> None:
+    """Raise DecodeError for an image over the decode budget (:func:`decode_budget`) or over
+    Pillow's decompression-bomb limit (read at call time, so raising or clearing
+    ``PIL.Image.MAX_IMAGE_PIXELS`` works here as it does in Pillow).  Both apply: the smaller
+    one decides."""
     from PIL import Image
 
-    if Image.MAX_IMAGE_PIXELS and width * height > 2 * Image.MAX_IMAGE_PIXELS:
-        raise DecodeError(_too_large(width * height))
+    pixels = width * height
+    budget = decode_budget(max_pixels)
+    if budget and pixels > budget:
+        raise DecodeError(f"image too large: {width:,}x{height:,} = {pixels:,} pixels, over the "
+                          f"decode budget of {budget:,} pixels (raise it with {MAX_PIXELS_ENV} "
+                          "or max_pixels= if the image is real)")
+    if Image.MAX_IMAGE_PIXELS and pixels > 2 * Image.MAX_IMAGE_PIXELS:
+        raise DecodeError(_too_large(pixels))
+
+
+def header_size(data) -> tuple[int, int] | None:
+    """(width, height) from the image's own header (:func:`shardpack.headers.read_header`: no
+    pixels decoded), or None where it cannot be parsed (the decoder then says why)."""
+    from .headers import HeaderShort, read_header
+
+    try:
+        return read_header([(0, data)], len(data))[0]
+    except (HeaderShort, ValueError):
+        return None
+
+
+# Conservative upper bounds on what a file's compressed bytes can hold (docs/images.md, "Decode
+# budget"): deflate codes a 258-byte match in 2 bits at best, so PNG's filtered data is at most
+# 1032 x its IDAT bytes; a Huffman-coded JPEG (sequential, progressive or lossless) codes every
+# 8 x 8 block of its full-resolution component with at least a 1-bit DC code, so it holds at most
+# 512 pixels per byte of scan data.  Arithmetic-coded JPEG, WebP (boolean-arithmetic VP8,
+# zero-bit VP8L codes), GIF, RLE BMP and compressed TIFF have no useful bound: the budget
+# alone guards them.
+DEFLATE_MAX_RATIO = 1032
+JPEG_PIXELS_PER_BYTE = 64 * 8
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_JPEG_HUFFMAN_SOF = (0xC0, 0xC1, 0xC2, 0xC3)
+
+
+def capacity_reason(data: bytes) -> str | None:
+    """Why the header claims more pixels than the file's compressed data can hold, or None (also
+    for formats without a bound and for structures it does not parse: the decode judges those).
+    Cheap: a header and chunk walk."""
+    fmt = sniff(data)
+    if fmt == "PNG":
+        return _png_capacity(data)
+    if fmt == "JPEG":
+        return _jpeg_capacity(data)
+    return None
+
+
+def _png_capacity(data: bytes) -> str | None:
+    n = len(data)
+    if n < 33 or data[12:16] != b"IHDR":
+        return None
+    width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
+    channels = _PNG_CHANNELS.get(colour)
+    if channels is None:
+        return None
+    pos, stored = 8, 0
+    while pos + 12 <= n:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        if kind == b"IDAT":
+            stored += length
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    # filter bytes left out (and an interlaced image's extra ones): the bound only gets looser
+    needed = (width * height * depth * channels + 7) // 8
+    if needed > DEFLATE_MAX_RATIO * stored:
+        return (f"corrupt PNG: header says {width:,}x{height:,} pixels ({needed:,} bytes of "
+                f"{depth}-bit samples), more than its {stored:,} bytes of image data can hold "
+                f"(deflate expands at most {DEFLATE_MAX_RATIO}x)")
+    return None
+
+
+def _jpeg_capacity(data: bytes) -> str | None:
+    n, pos, frame = len(data), 2, None
+    while pos + 4 <= n:  # the segment walk of _check_jpeg, to the first scan
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if length < 2 or marker == 0xD9:
+            return None
+        if frame is None and 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if pos + 9 > n:
+                return None
+            height, width = struct.unpack_from(">HH", data, pos + 5)
+            frame = marker, width, height
+        pos += 2 + length
+        if marker == 0xDA:
+            break
+    else:
+        return None
+    if frame is None or frame[0] not in _JPEG_HUFFMAN_SOF:
+        return None
+    _, width, height = frame
+    scan = max(0, n - pos)  # everything after the first scan header (later scans included)
+    if width * height > JPEG_PIXELS_PER_BYTE * scan:
+        return (f"corrupt JPEG: header says {width:,}x{height:,} pixels, more than its {scan:,} "
+                f"bytes of scan data can hold (at least 1 bit per 8x8 block)")
+    return None
 
 
 def _too_large(pixels: int) -> str:
@@ -312,17 +455,22 @@ def _too_large(pixels: int) -> str:
             f"{2 * Image.MAX_IMAGE_PIXELS:,} (raise PIL.Image.MAX_IMAGE_PIXELS if it is real)")
 
 
-def decode_rgb(data, min_side: int = 0) -> np.ndarray:
+def decode_rgb(data, min_side: int = 0, max_pixels: int | None = None) -> np.ndarray:
     """Any supported image -> uint8 ``[H, W, 3]`` (first frame; rules in the module docstring;
     EXIF orientation not applied).  Bad data raises :class:`DecodeError` with a one-line reason.
     ``min_side``: a JPEG may come back scaled down by 1/2 to 1/8 in the decoder (its DCT
-    scaling, far cheaper than a full decode), never below ``min_side`` on either side."""
+    scaling, far cheaper than a full decode), never below ``min_side`` on either side.
+    ``max_pixels``: the decode budget (:func:`decode_budget`), checked against the header's
+    size before any decoder runs (the header's size, whatever the DCT scaling)."""
     if not isinstance(data, bytes):
         data = bytes(data)
     fmt = _kind(data) if data else None
     if fmt is None:
         raise DecodeError("cannot decode image: "
                           + (describe_content(data) if data else "empty (0 bytes)"))
+    size = header_size(data)
+    if size is not None:
+        check_size(*size, max_pixels)
     failure = None
     if fmt == "JPEG":  # libjpeg-turbo via simplejpeg; Pillow for CMYK/YCCK and what it refuses
         import simplejpeg
@@ -332,7 +480,7 @@ def decode_rgb(data, min_side: int = 0) -> np.ndarray:
         except ValueError as exc:
             failure, colorspace = str(exc), None
         else:
-            check_size(width, height)
+            check_size(width, height, max_pixels)
         if colorspace not in (None, "CMYK", "YCCK"):
             try:
                 return simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_side,
@@ -343,10 +491,13 @@ def decode_rgb(data, min_side: int = 0) -> np.ndarray:
 
     try:
         with Image.open(io.BytesIO(data), formats=[fmt]) as image:
+            check_size(*image.size, max_pixels)  # (headers our parser did not read)
             if min_side and fmt == "JPEG":  # (CMYK, YCCK: the same DCT scaling in Pillow)
                 image.draft(image.mode, (min_side, min_side))
             image.load()
             return rgb_array(image)
+    except DecodeError:
+        raise
     except Image.DecompressionBombError as exc:
         count = re.search(r"(\d+) pixels", str(exc))
         raise DecodeError(_too_large(int(count.group(1))) if count else str(exc)) from None

@@ -121,16 +121,17 @@ class MixReader:
 
     def __init__(self, sources: Sequence[Source], *, storage_options=None, cache_dir=None,
                  cache_limit="50GB", prefetch: int = 2, trust_storage: bool = False,
-                 burst: Burst | None = None):
+                 burst: Burst | None = None, check: str | None = None):
         self.sources = list(sources)
         self.readers = [DatasetReader(s.path, s.storage_options if s.storage_options is not None
                                       else storage_options,
                                       cache_dir=s.cache_dir if s.cache_dir is not None
                                       else cache_dir, cache_limit=cache_limit,
                                       prefetch=prefetch, trust_storage=trust_storage,
-                                      burst=burst) for s in self.sources]
+                                      burst=burst, check=check) for s in self.sources]
         self.prefetch = prefetch
-        self.trust_storage = trust_storage
+        self.check = self.readers[0].check  # (the same in every source)
+        self.trust_storage = self.check == "none"
         self.shards = tuple(e for r in self.readers for e in r.shards)
         self.first = np.zeros(len(self.readers) + 1, dtype=np.int64)  # each source's shard 0
         np.cumsum([len(r.shards) for r in self.readers], out=self.first[1:])
@@ -194,6 +195,9 @@ class MixReader:
     def shard_buffer(self, shard: int):
         reader, own = self._own(shard)
         return reader.shard_buffer(own)
+
+    def revalidate(self) -> int:
+        return sum(r.revalidate() for r in self.readers)
 
     def unchecked(self, shard: int, rows: np.ndarray) -> np.ndarray:
         reader, own = self._own(shard)

@@ -10,9 +10,10 @@ image drawn with its key and label (docs/preview.md).  Pillow only; no torch.
   whole shard, never the reader's 8 MB chunks), each checked against its index hash
   (:func:`shardpack.stats.fetch_samples`).
 * Which image: the default decode's field rule (:func:`shardpack.stats.image_field`), decoded
-  by :func:`shardpack.images.decode_rgb` (what training sees).  A sample that does not decode,
-  has no image, or whose bytes fail their hash gets a marked cell (red border and the reason),
-  never a crash; the summary counts them.
+  by :func:`shardpack.images.decode_rgb` (what training sees; an image over the decode budget,
+  ``SHARDPACK_MAX_PIXELS``, is refused from its header, never decoded).  A sample that does not
+  decode, has no image, or whose bytes fail their hash gets a marked cell (red border and the
+  reason), never a crash; the summary counts them.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from collections import OrderedDict
 import numpy as np
 
 from . import format as fmt
-from .access import MAX_OPEN_SHARDS, Burst, make_access
+from .access import (MAX_OPEN_SHARDS, Burst, check_regular, make_access, open_regular,
+                     read_regular)
 from .errors import DatasetNotFoundError, FormatError, IntegrityError, ShardpackError
 from .prefetch import NOTHING, Prefetcher
 from .storage import Storage
@@ -26,6 +27,23 @@ UNPARSED = np.iinfo(np.int64).min  # a label not parsed yet (label_memo)
 
 
 MAX_INDEXES = 512  # parsed shard indexes a process keeps (docs/scale.md)
+
+# How often a sample's stored bytes are hashed against its index (docs/reading.md, "Integrity"):
+# every time it is read (the default), once per process and copy of its shard, or never
+CHECKS = ("every", "once", "none")
+
+
+def check_mode(check: str | None, trust_storage: bool = False) -> str:
+    """The sample check a reader runs: ``check`` (one of CHECKS), or for None the default,
+    "every"; ``trust_storage=True`` is the older spelling of ``check="none"``."""
+    if check is None:
+        return "none" if trust_storage else "every"
+    if check not in CHECKS:
+        raise ValueError(f"check must be one of {', '.join(map(repr, CHECKS))}, got {check!r}")
+    if trust_storage and check != "none":
+        raise ValueError(f"trust_storage=True means check='none', which contradicts "
+                         f"check={check!r}: pass one of them")
+    return check
 
 
 def locate(offsets: np.ndarray, i: int, what: str) -> tuple[int, int]:
@@ -66,7 +84,8 @@ def no_dataset(storage: Storage) -> DatasetNotFoundError:
 
 class DatasetReader:
     """A dataset's manifest, its shard indexes (loaded when first needed, checked against the
-    manifest), and its samples' bytes, each checked against its index hash once per process.
+    manifest), and its samples' bytes, each checked against its index hash when read
+    (``check``: every time, the default; "once" per process and copy of the shard; "none").
 
     How shard bytes are reached is the access mode (shardpack/access.py), chosen once here:
     local files are mapped where they are; remote shards go through the shared cache at
@@ -81,15 +100,24 @@ class DatasetReader:
 
     def __init__(self, url, storage_options: dict | None = None, *, cache_dir=None,
                  cache_limit="50GB", prefetch: int = 2, trust_storage: bool = False,
-                 burst: Burst | None = None):
-        """``trust_storage``: skip the per-sample hash check (:meth:`check_rows`) for storage
-        the user trusts; shard identity at mapping and index hashes are still checked."""
+                 burst: Burst | None = None, check: str | None = None):
+        """``check``: how often a sample is hashed against its index (:meth:`check_rows`):
+        ``"every"`` read (the default), ``"once"`` per process and copy of its shard, or
+        ``"none"`` for storage the user trusts (``trust_storage=True`` is the same); shard
+        identity at mapping, index hashes and the shard's size before each use are checked
+        in every mode (docs/reading.md, "Integrity")."""
         self.storage = Storage(url, storage_options)
-        self.trust_storage = trust_storage
+        self.check = check_mode(check, trust_storage)
+        self.trust_storage = self.check == "none"
         self.keys_token: str | None = None  # serve_keys
         self.prefetch = prefetch
         try:
-            data = self.storage.read_bytes(fmt.MANIFEST_NAME)
+            if self.storage.local:  # a regular file: never a FIFO's wait or /dev/zero's flood
+                data = read_regular(self.storage.path(fmt.MANIFEST_NAME),
+                                    self.storage.display(fmt.MANIFEST_NAME), "manifest",
+                                    limit=fmt.MANIFEST_CAP)
+            else:
+                data = self.storage.read_bytes(fmt.MANIFEST_NAME)
         except (DatasetNotFoundError, NotADirectoryError):  # (the latter: a file's path)
             raise no_dataset(self.storage) from None
         self.manifest = fmt.decode_manifest(data, self.storage.display(fmt.MANIFEST_NAME))
@@ -117,11 +145,11 @@ class DatasetReader:
         # at most MAX_INDEXES parsed indexes per process, least recently used out (with what
         # was memoised for their shards): a billion-sample dataset has 10^5 of them
         self._indexes: OrderedDict[int, fmt.ShardIndex] = OrderedDict()
-        self._buffers: OrderedDict[int, tuple] = OrderedDict()  # shard -> (view, cache entry)
+        self._buffers: OrderedDict[int, _Mapped] = OrderedDict()  # shard -> its open map
         self._pieces: dict[tuple, bytes] = {}  # (shard, row) -> stored bytes, read once
         self.labels: dict[tuple, np.ndarray] = {}  # (shard, field) -> parsed labels (batches.py)
         # shard -> samples whose stored bytes matched their index hash in this process, in the
-        # file whose identity (device, inode, size, mtime) is _copies[shard]
+        # file whose identity (identity_of) is _copies[shard] (check="once")
         self.checked: dict[int, np.ndarray] = {}
         self._copies: dict[int, tuple] = {}
         self._lock = threading.RLock()
@@ -197,28 +225,39 @@ class DatasetReader:
     def shard_buffer(self, shard: int) -> memoryview | None:
         """A read-only memory map of the shard (local file, or its verified copy in the cache),
         checked against the manifest's size; None for remote storage without a cache.  At most
-        MAX_OPEN_SHARDS stay open per process (closing one releases its cache lock)."""
+        MAX_OPEN_SHARDS stay open per process (closing one releases its cache lock).
+
+        Every call first checks that the mapped file still has the size its index records (an
+        fstat): a page of a map past the end of its file faults (SIGBUS) when touched, and
+        the part of a page past the end reads as zeros, so a shard truncated or rewritten in
+        place while mapped is unmapped and refused in one line instead.  A file truncated in
+        the moment between this check and the copy of its bytes still faults: nothing but
+        not mapping could rule that out (docs/reading.md, "Integrity")."""
         with self._lock:
             held = self._buffers.get(shard)
             if held is not None:
                 self._buffers.move_to_end(shard)
-                return held[0]
+        if held is not None:
+            self._in_bounds(shard, held)
+            return held.view
         opened = self.access.open(shard)
         if opened is None:  # this mode reads chunks, it maps nothing
             return None
         path, entry = opened
         try:
-            view, identity = _map(path, self.shards[shard].bytes, self.shard_path(shard))
+            # a cached copy through the fd the cache locked and verified: the path could
+            # name another file by now (evicted and fetched again)
+            view, mapped, identity = _map(path, self.shards[shard].bytes,
+                                          self.shard_path(shard),
+                                          getattr(entry, "fd", -1) if entry is not None else -1)
             if self._copies.get(shard) != identity:
                 # another file than the one this process checked samples of (replaced since,
                 # or first seen): what was checked says nothing about it
-                self.checked.pop(shard, None)
-                for key in [k for k in self.labels if k[0] == shard]:
-                    del self.labels[key]
+                self._forget(shard)
                 self._copies[shard] = identity
-            if entry is not None:  # the cache checked the whole file's hash: every sample
+            if entry is not None and self.check == "once":  # the cache hashed the whole file
                 self._seen(shard)[:] = True
-            else:
+            elif entry is None:
                 self._check_identity(shard, view)
         except BaseException:
             if entry is not None:
@@ -228,16 +267,73 @@ class DatasetReader:
         # limit can be honoured; local files can stay open freely
         limit = self.MAX_OPEN_SHARDS if entry is None else self.access.open_limit
         with self._lock:
-            self._buffers[shard] = (view, entry)
+            self._buffers[shard] = _Mapped(view, mapped, entry, path, identity)
             while len(self._buffers) > limit:
-                _, (_, old) = self._buffers.popitem(last=False)
-                if old is not None:
-                    old.close()
+                _, old = self._buffers.popitem(last=False)
+                if old.entry is not None:
+                    old.entry.close()
         return view
 
+    def _in_bounds(self, shard: int, held: "_Mapped") -> None:
+        """Refuse a mapped shard whose file no longer has its mapped size (see
+        :meth:`shard_buffer`), unmapping it: a later read maps it again, and checks it."""
+        try:  # mmap.size() is an fstat of the mapped file: its size now
+            size = held.map.size() if held.map is not None else 0
+        except OSError:
+            size = -1
+        if size == held.identity[2]:
+            return
+        self._unmap(shard, held)
+        now = f"now {size} bytes" if size >= 0 else "no longer readable"
+        raise IntegrityError(f"shard is {now}, its index says {held.identity[2]}: truncated or "
+                             "rewritten in place while it was being read",
+                             path=self.shard_path(shard),
+                             hint="a published shard must not change; run 'shardpack verify'")
+
+    def _unmap(self, shard: int, held: "_Mapped") -> None:
+        """Close the map ``held`` of ``shard`` (if it is still the open one) and forget what was
+        checked or parsed of the shard.  Views of it handed out stay valid (the memory map
+        closes when the last one goes)."""
+        with self._lock:
+            if self._buffers.get(shard) is held:
+                del self._buffers[shard]
+            self._forget(shard)
+            self._copies.pop(shard, None)
+        if held.entry is not None:
+            held.entry.close()
+
+    def _forget(self, shard: int) -> None:
+        """Drop what this process checked (the memo) and parsed (labels) of ``shard``."""
+        self.checked.pop(shard, None)
+        for key in [k for k in list(self.labels) if k[0] == shard]:
+            self.labels.pop(key, None)
+
+    def revalidate(self) -> int:
+        """Stat the file of every shard mapped now (ShardDataset calls this at each epoch's
+        start, in each process that reads): one whose device, inode, size, mtime or ctime
+        changed since it was mapped (replaced, rewritten or touched in place) is unmapped and
+        what was checked of it forgotten, so its next read maps the file that is there now and
+        checks it as any newly mapped shard.  Returns how many were unmapped."""
+        with self._lock:
+            held = list(self._buffers.items())
+        changed = 0
+        for shard, mapped in held:
+            try:
+                st = os.stat(mapped.path)
+                now = identity_of(st)
+            except OSError:  # gone (a cached copy removed by another reader): map again
+                now = None
+            if now != mapped.identity:
+                self._unmap(shard, mapped)
+                changed += 1
+        return changed
+
     def unchecked(self, shard: int, rows: np.ndarray) -> np.ndarray:
-        """The rows of ``rows`` not yet checked against their index hash in this process."""
-        seen = self.checked.get(shard)
+        """The rows of ``rows`` the next :meth:`check_rows` would hash: all of them unless
+        ``check="once"`` (then those not yet checked in this process), none with "none"."""
+        if self.check == "none":
+            return rows[:0]
+        seen = self.checked.get(shard) if self.check == "once" else None
         return rows if seen is None else rows[~seen[rows]]
 
     def label_memo(self, shard: int, field: str, create: bool = False) -> np.ndarray | None:
@@ -289,14 +385,16 @@ class DatasetReader:
     def check_rows(self, shard: int, rows: np.ndarray, buf, base: int = 0,
                    fresh: bool = False) -> None:
         """Check the stored bytes of samples ``rows`` of shard ``shard`` against the index's
-        sample hashes, each sample once per process (``checked``).  ``buf`` holds the shard's
-        bytes from offset ``base`` on.  Raises :class:`IntegrityError` naming the shard and the
-        first bad sample."""
-        if self.trust_storage:
+        sample hashes: every time (``check="every"``, and whatever the mode for a ``fresh``
+        read of the bytes), each sample once per process and copy of the shard ("once":
+        ``checked``), or not at all ("none").  ``buf`` holds the shard's bytes from offset
+        ``base`` on.  Raises :class:`IntegrityError` naming the shard and the first bad
+        sample."""
+        if self.check == "none":
             return
         index = self.index(shard)
-        seen = None if fresh else self._seen(shard)
-        todo = rows if fresh else rows[~seen[rows]]
+        seen = self._seen(shard) if self.check == "once" and not fresh else None
+        todo = rows if seen is None else rows[~seen[rows]]
         if not len(todo):
             return
         starts = index.starts[todo].astype(np.int64) - base
@@ -304,18 +402,19 @@ class DatasetReader:
         # hashes computed in one C-driven pass (map), compared as arrays: per-sample Python
         # work was most of the cost for small samples
         outside = (starts < 0) | (ends > len(buf))
-        inside = np.flatnonzero(~outside)
+        if outside.any():
+            inside = np.flatnonzero(~outside)
+            starts_in, ends_in = starts[inside], ends[inside]
+        else:  # (the usual case: no fancy-indexed copies)
+            inside, starts_in, ends_in = slice(None), starts, ends
         got = np.zeros(len(todo), dtype=np.uint64)
         got[inside] = np.fromiter(map(fmt.sample_hash, map(buf.__getitem__, map(
-            slice, starts[inside].tolist(), ends[inside].tolist()))), dtype=np.uint64,
-            count=len(inside))
+            slice, starts_in.tolist(), ends_in.tolist()))), dtype=np.uint64,
+            count=len(starts_in))
         bad = outside | (got != index.sample_hashes[todo])
         if bad.any():
             k = int(np.flatnonzero(bad)[0])
-            raise IntegrityError("sample bytes do not match the index hash (corrupt "
-                                 "shard)", path=self.shard_path(shard),
-                                 offset=int(starts[k]) + base, key=index.key(int(todo[k])),
-                                 hint="run 'shardpack verify' on the dataset")
+            raise self._mismatch(shard, index, int(todo[k]), int(starts[k]) + base)
         if seen is not None:
             seen[todo] = True
 
@@ -405,19 +504,39 @@ class DatasetReader:
                 return piece
         index = self.index(shard)
         start, end = index.span(row)
-        rows = np.array([row], dtype=np.int64)
         buf = self.shard_buffer(shard)
         if buf is not None:
-            self.check_rows(shard, rows, buf)
-            return buf[start:end]
+            piece = buf[start:end]
+            self._check_one(shard, index, row, piece, start)
+            return piece
         data, base = self.access.chunk_of(shard, row)
         piece = data[start - base:end - base]
         if len(piece) != end - start:
             raise FormatError(f"truncated shard: wanted {end - start} bytes, got {len(piece)}",
                               path=self.shard_path(shard), offset=start, key=index.key(row))
         # a chunk is a fresh read each time it is fetched: checked each time (no memo)
-        self.check_rows(shard, rows, data, base, fresh=True)
+        self._check_one(shard, index, row, piece, start, fresh=True)
         return piece
+
+    def _check_one(self, shard: int, index: fmt.ShardIndex, row: int, piece, offset: int,
+                   fresh: bool = False) -> None:
+        """:meth:`check_rows` for one sample whose stored bytes are ``piece`` (at ``offset``
+        of the shard), without its array work: 10 us a sample of the per-sample path's 45
+        went to it."""
+        if self.check == "none":
+            return
+        seen = self._seen(shard) if self.check == "once" and not fresh else None
+        if seen is not None and seen[row]:
+            return
+        end = int(index.starts[row + 1])
+        if offset + len(piece) != end or fmt.sample_hash(piece) != int(index.sample_hashes[row]):
+            raise self._mismatch(shard, index, row, offset)
+        if seen is not None:
+            seen[row] = True
+
+    def _mismatch(self, shard: int, index: fmt.ShardIndex, row: int,
+                  offset: int) -> IntegrityError:
+        return mismatch(self.shard_path(shard), index, row, offset)
 
     def read(self, shard: int, row: int, views: bool = False) -> dict:
         """Sample ``row`` of shard ``shard``; with ``views``, fields are memoryviews of the
@@ -429,11 +548,23 @@ class DatasetReader:
         """Sample ``i`` of the dataset: a slice of a memory map (local) or one ranged read."""
         return self.read(*self.locate(i))
 
+    def read_shard(self, shard: int, exact: bool = True) -> bytes:
+        """The whole shard file, by one read: a local one must be a regular file (one line
+        otherwise; never a FIFO's wait or /dev/zero's flood) of the size the manifest records.
+        ``exact=False`` (verify, unpack: they name a wrong size themselves) reads a local file
+        of any size, bounded by its fstat; a remote one is bounded by the manifest's size
+        either way (shardpack.storage)."""
+        entry = self.shards[shard]
+        if self.storage.local:
+            return read_regular(self.storage.path(entry.name), self.shard_path(shard), "shard",
+                                entry.bytes if exact else None)
+        return self.storage.read_bytes(entry.name)
+
     def iter_shard(self, shard: int):
         """Every sample of one shard, from one sequential read of the shard file."""
         index = self.index(shard)
-        data = self.storage.read_bytes(self.shards[shard].name)
         path = self.shard_path(shard)
+        data = self.read_shard(shard)
         if len(data) != index.shard_bytes:
             raise FormatError(f"shard is {len(data)} bytes, the index says {index.shard_bytes}",
                               path=path, hint="the shard is truncated or replaced; run "
@@ -454,22 +585,55 @@ def open_reader(url, storage_options: dict | None = None, **kwargs) -> DatasetRe
     return DatasetReader(url, storage_options, **kwargs)
 
 
-def _map(path: str, expected: int, display: str) -> tuple[memoryview, tuple]:
-    """(read-only map of the file, its identity: device, inode, size, mtime)."""
+def mismatch(path: str, index: fmt.ShardIndex, row: int, offset: int) -> IntegrityError:
+    """The error for sample ``row`` (at ``offset`` of shard ``path``) whose stored bytes do not
+    match its index hash."""
+    return IntegrityError("sample bytes do not match the index hash (corrupt shard)",
+                          path=path, offset=offset, key=index.key(row),
+                          hint="run 'shardpack verify' on the dataset")
+
+
+def identity_of(st: os.stat_result) -> tuple:
+    """What tells one copy of a shard from another: device, inode, size, mtime, and ctime,
+    which every change through the file system moves (a write, a truncation, and the
+    ``os.utime`` that puts an mtime back), so a file rewritten in place counts as another
+    copy even with its mtime kept."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class _Mapped:
+    """One shard's open map in a process: the view handed out, the mmap (whose ``size()`` is
+    an fstat of the mapped file: the check before each use), the cache entry held open (or
+    None), the file's path and its identity (:func:`identity_of`) when mapped."""
+
+    __slots__ = ("view", "map", "entry", "path", "identity")
+
+    def __init__(self, view, mapped, entry, path: str, identity: tuple):
+        self.view, self.map, self.entry, self.path, self.identity = \
+            view, mapped, entry, path, identity
+
+
+def _map(path: str, expected: int, display: str,
+         held: int = -1) -> tuple[memoryview, object, tuple]:
+    """(read-only view of the file, its mmap (None for an empty file), its identity:
+    :func:`identity_of`).  A regular file of the size the manifest records, or a one-line
+    error.  ``held``: an open fd of the file (a cache entry's) to map instead of ``path``; it
+    stays open."""
+    if held >= 0:
+        fd, st = os.dup(held), os.fstat(held)
+        check_regular(st, display, "shard")
+    else:
+        fd, st = open_regular(path, display, "shard")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise DatasetNotFoundError("shard is missing", path=display) from None
-    try:
-        st = os.fstat(fd)
         if st.st_size != expected:
-            raise FormatError(f"shard is {st.st_size} bytes, the manifest says {expected} "
-                              "(truncated or replaced)", path=display,
-                              hint="run 'shardpack verify'")
-        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        view = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ)) if st.st_size \
-            else memoryview(b"")
-        return view, identity
+            raise IntegrityError(f"shard is {st.st_size} bytes, the manifest says {expected} "
+                                 "(truncated or replaced)", path=display,
+                                 hint="run 'shardpack verify'")
+        identity = identity_of(st)
+        if not st.st_size:
+            return memoryview(b""), None, identity
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        return memoryview(mapped), mapped, identity
     finally:
         os.close(fd)
 

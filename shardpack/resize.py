@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import io
 
-from .errors import BrokenImageError
-from .images import check_image, image_format, sniff
+from .errors import BrokenImageError, DecodeError
+from .images import check_image, check_size, image_format, sniff
 
 REENCODED = ("JPEG", "PNG", "WEBP")  # formats resized; the others pass through once checked
 
@@ -39,6 +39,7 @@ def resize_image(data: bytes, field: str, short_side: int, quality: int, path: s
     try:
         with Image.open(io.BytesIO(data), formats=[fmt]) as img:
             w, h = img.size
+            check_size(w, h)  # the decode budget, from the header, before any pixel
             if min(w, h) <= short_side or getattr(img, "n_frames", 1) > 1:
                 img.verify()  # still refuse a corrupt image, even when it is kept as it is
                 return data
@@ -54,6 +55,9 @@ def resize_image(data: bytes, field: str, short_side: int, quality: int, path: s
             kwargs = {"quality": quality} if fmt in ("JPEG", "WEBP") else {"optimize": False}
             img.save(out, fmt, **kwargs, **keep)
             return out.getvalue()
+    except DecodeError as exc:
+        raise BrokenImageError(f"cannot resize: {exc.message}", path=path,
+                               hint="remove it, or pass --skip-bad to skip and count it") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise BrokenImageError(f"cannot resize: not a valid {fmt} image ({exc})", path=path,
                           hint="remove it, or pass --skip-bad to skip and count it") from None

@@ -5,18 +5,24 @@ NUL, no component or whole path longer than the file system allows), tar members
 files (links, devices and FIFOs are refused, never created), files are created with
 O_EXCL|O_NOFOLLOW and folders one level at a time (never following a link), and the tree is built
 in a hidden sibling folder that is renamed onto OUT only when complete, so an error leaves no
-half-written OUT behind.  A dataset that names one shard file twice, two samples whose names
-clash (``a`` with field ``jpg`` is the file ``a.jpg``; ``a.jpg/b`` needs the folder ``a.jpg``), a
-full disk and the like are each one :class:`~shardpack.errors.ShardpackError` naming what is at
-fault.  OUT itself may be a symbolic link to an empty folder: the folder it points to is filled
-(the link stays); links are never followed inside OUT.
+half-written OUT behind.  That hidden folder records its owner process (:func:`owner_record`); a
+run killed with SIGKILL cannot remove it, so the next run for the same OUT removes the hidden
+folders whose owner is gone, and only those (:func:`remove_stale`).  A dataset that names one
+shard file twice, two samples whose names clash (``a`` with field ``jpg`` is the file
+``a.jpg``; ``a.jpg/b`` needs the folder ``a.jpg``), a full disk and the like are each one
+:class:`~shardpack.errors.ShardpackError` naming what is at fault.  OUT itself may be a
+symbolic link to an empty folder: the folder it points to is filled (the link stays);
+links are never followed inside OUT.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import socket
 import stat
+import time
 import uuid
 
 import numpy as np
@@ -32,39 +38,203 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 def unpack(url, out, storage_options: dict | None = None, progress: bool = False) -> int:
     """Write every field of every sample under ``out``; returns the number of files written."""
+    return _unpack(url, out, storage_options, progress, replace=False)
+
+
+def unpack_replacing(url, out, storage_options: dict | None = None,
+                     progress: bool = False) -> int:
+    """:func:`unpack` onto an existing folder ``out`` (``export --to files --overwrite``; the
+    caller has checked that it may be replaced): the new tree is built beside it and swapped in
+    by two renames when complete; the old tree is then removed."""
+    return _unpack(url, out, storage_options, progress, replace=True)
+
+
+def _unpack(url, out, storage_options: dict | None, progress: bool, replace: bool) -> int:
     reader = DatasetReader(url, storage_options)
     check_shard_names(reader)
     out = resolve_out(out)
-    if os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    if not replace and os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ShardpackError("output exists and is not an empty folder", path=out,
                              hint="choose a new folder")
-    parent = os.path.dirname(out)
-    tmp = os.path.join(parent, f".{os.path.basename(out)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        os.makedirs(parent, exist_ok=True)
-        os.mkdir(tmp)
-    except OSError as exc:
-        raise os_error(exc, out, tmp=tmp, doing="cannot create the output folder") from None
+    work = _work_dir(out)
+    tree = os.path.join(work, WORK_TREE)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(reader), unit="sample", desc="unpacking")
     try:
-        job = _Job(reader, tmp, out)
+        job = _Job(reader, tree, out)
         _fill(job, bar)
-        if os.path.isdir(out):
-            os.rmdir(out)
-        os.rename(tmp, out)
+        if replace:
+            old = os.path.join(work, WORK_OLD)
+            os.rename(out, old)
+            try:
+                os.rename(tree, out)
+            except BaseException:
+                os.rename(old, out)
+                raise
+        else:
+            if os.path.isdir(out):
+                os.rmdir(out)
+            os.rename(tree, out)
     except BaseException as exc:
-        remove_tree(tmp)
+        remove_tree(work)
         if isinstance(exc, OSError) and not isinstance(exc, ShardpackError):
-            raise os_error(exc, out, tmp=tmp) from None
+            raise os_error(exc, out, tmp=tree) from None
         raise
     finally:
         if bar is not None:
             bar.close()
+    remove_tree(work)  # the owner record and, replacing, the old tree (a kill: the next run)
     return job.written
+
+
+# -- the hidden work folder and its owner ---------------------------------------------------------
+#
+# OUT's tree is built in ``.OUT.tmp-PID-XXXXXXXX/tree`` beside OUT (on the same file system, so a
+# rename publishes it); ``export --overwrite`` moves the old OUT to ``.../old`` and the new tree
+# onto OUT.  Everything a run leaves behind when it is killed is in that one folder, and its
+# ``owner.json`` (written right after the folder is made, before anything else) says which
+# process owns it: pid, the process's start time (clock ticks since boot, /proc/PID/stat), the
+# boot id and the pid namespace.  The next run for the same OUT removes a work folder whose owner
+# is gone: same boot and pid namespace, and /proc/PID missing, a zombie, or started at another
+# time (the pid was reused).  Anything it cannot judge (another machine over NFS, another
+# container, after a reboot, not Linux, another user's folder, no record) is left alone: a
+# leftover costs disk space, removing a live run's tree would break that run.
+
+WORK_OWNER = "owner.json"
+WORK_TREE = "tree"
+WORK_OLD = "old"
+UNMARKED_GRACE_S = 60.0  # an empty work folder without its record: only if older than this
+
+
+def _work_dir(out: str) -> str:
+    """Make the hidden work folder beside ``out`` (after removing stale ones), its owner record
+    and its empty ``tree``; returns its path."""
+    parent, base = os.path.split(out)
+    work = os.path.join(parent, f".{base}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.makedirs(parent, exist_ok=True)
+        remove_stale(out)
+        os.mkdir(work)
+    except OSError as exc:
+        raise os_error(exc, out, doing="cannot create the output folder") from None
+    try:
+        record = owner_record() or {"pid": os.getpid()}
+        record["command"] = "shardpack unpack/export"
+        fd = os.open(os.path.join(work, WORK_OWNER),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            _write_all(fd, json.dumps(record).encode())
+        finally:
+            os.close(fd)
+        os.mkdir(os.path.join(work, WORK_TREE))
+    except OSError as exc:
+        remove_tree(work)
+        raise os_error(exc, out, doing="cannot create the output folder") from None
+    return work
+
+
+def _read_small(path: str, limit: int = 4096) -> bytes | None:
+    """Up to ``limit`` bytes of a regular file (never a link, FIFO or device), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _process_start(pid: int) -> int | None:
+    """Start time of process ``pid`` (clock ticks after boot), or None when there is no such
+    process (or it is a zombie: it has exited and only waits to be reaped)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    data = _read_small(f"/proc/{pid}/stat")
+    if not data:
+        return None
+    fields = data[data.rfind(b")") + 2:].split()  # the name in (...) may hold spaces
+    try:
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])  # state; starttime
+    except (IndexError, ValueError):
+        return None
+
+
+def _this_system() -> tuple[str, str] | None:
+    """(boot id, pid namespace) of this process, or None without Linux's /proc."""
+    boot = _read_small("/proc/sys/kernel/random/boot_id")
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return (boot.decode("ascii", "replace").strip(), namespace) if boot else None
+
+
+def owner_record(pid: int | None = None) -> dict | None:
+    """What a work folder records of its owner, process ``pid`` (default: this one), or None
+    where it cannot be known (no /proc, no such process)."""
+    pid = os.getpid() if pid is None else pid
+    here, start = _this_system(), _process_start(pid)
+    if here is None or start is None:
+        return None
+    return {"pid": pid, "start": start, "boot": here[0], "pidns": here[1],
+            "host": socket.gethostname()}
+
+
+def _owner_gone(path: str, name_pid: str) -> bool:
+    """Whether the work folder ``path`` is stale: its recorded owner process is gone."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        return False  # a link, a file, or another user's: not ours to remove
+    try:
+        record = json.loads(_read_small(os.path.join(path, WORK_OWNER)) or b"")
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        # killed between making the folder and writing its record: nothing else is in it yet,
+        # and only the pid in its name is left to go by
+        try:
+            empty = set(os.listdir(path)) <= {WORK_OWNER}
+        except OSError:
+            return False
+        return (empty and time.time() - info.st_mtime > UNMARKED_GRACE_S
+                and name_pid.isdigit() and _process_start(int(name_pid)) is None)
+    here = _this_system()
+    if here is None or "start" not in record:
+        return False
+    if (record.get("boot"), record.get("pidns")) != here:
+        return False  # another boot, machine or container: the pid means nothing here
+    return _process_start(record.get("pid")) != record["start"]
+
+
+def remove_stale(out: str) -> list[str]:
+    """Remove the hidden work folders ``.OUT.tmp-*`` beside ``out`` whose owner process is gone
+    (a run killed with SIGKILL, or by the OOM killer); returns their paths.  A live run's folder
+    (another process writing the same OUT right now) is never touched."""
+    parent, base = os.path.split(out)
+    prefix = f".{base}.tmp-"
+    removed = []
+    try:
+        with os.scandir(parent) as entries:
+            names = [e.name for e in entries if e.name.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        if _owner_gone(path, name[len(prefix):].split("-", 1)[0]):
+            remove_tree(path)
+            removed.append(path)
+    return removed
 
 
 def _fill(job: _Job, bar) -> None:
@@ -290,7 +460,7 @@ def _unpack_shard(job: _Job, shard: int, bar, skip: str | None) -> None:
     reader = job.reader
     index = reader.index(shard)
     path = reader.shard_path(shard)
-    data = reader.storage.read_bytes(reader.shards[shard].name)
+    data = reader.read_shard(shard, exact=False)
     if len(data) != index.shard_bytes:
         raise fmt.FormatError(f"shard is {len(data)} bytes, the index says {index.shard_bytes}",
                               path=path, hint="run 'shardpack verify'")
@@ -301,6 +471,10 @@ def _unpack_shard(job: _Job, shard: int, bar, skip: str | None) -> None:
     for row in range(index.num_samples):
         start, end = index.span(row)
         key = index.key(row)
+        why = fmt.unsafe_name_reason(key)  # the key itself, as verify and export judge it:
+        if why:                            # '' or 'dir/' would still make file names
+            raise UnsafePathError(f"refusing to write sample {_shown(key)!r}: {why}", path=path,
+                                  key=_shown(key))
         payload = record_payload(index, row, view[start:end], path)
         pos = 0
         for name, off, size in index.sample_fields(row):

@@ -4,6 +4,10 @@ A flipped byte anywhere changes the shard's xxh3-128 (caught against the manifes
 of the sample holding it (caught against the index), so the report names the sample.  Structure is
 checked too: tar headers must name ``key.field`` with the indexed size and be regular files;
 msgpack records must pass CRC32C, decompress to the indexed size and unpack to the indexed fields.
+Keys and field names are held to the rules of the commands that use them: a key ``unpack`` or
+``export`` would refuse (:func:`shardpack.format.unsafe_name_reason`) and a field name ``pack``
+would refuse (:func:`shardpack.format.check_field_name`) are problems here too, by the same
+functions.
 ``decode=True`` (``verify --decode``) also decodes every image field in full
 (:func:`shardpack.images.check_image_full`), so a broken image packed with ``--check none`` (or by
 an older release) is named too.
@@ -171,20 +175,23 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     problems_here = _index_against_manifest(reader.manifest, entry, index, path)
     if problems_here:
         return problems_here
+    # field names the walk would refuse (the index decoder already refused the reserved ones)
+    named = [Problem(path, f"{why} (pack would refuse it)")
+             for why in map(fmt.check_field_name, index.fields) if why]
     try:
-        data = reader.storage.read_bytes(entry.name)
+        data = reader.read_shard(number, exact=False)
     except ShardpackError as exc:
         return [Problem(path, exc.message)]
     report.bytes += len(data)
     problems = _shard_file_problems(entry, index, data, path)
-    # undecodable images: reported after the structural checks
-    found, images = _sample_problems(reader.manifest, index, data, path, report, decode)
+    # keys unpack would refuse, undecodable images: reported after the structural checks
+    found, others = _sample_problems(reader.manifest, index, data, path, report, decode)
     problems += found
     if index.shard_format == "tar" and not problems:
         tail = data[int(index.starts[-1]):]
         if tail != fmt.TAR_END:
             problems.append(Problem(path, "tar shard does not end with two zero blocks"))
-    return problems + images
+    return named + problems + others
 
 
 def _index_against_manifest(m: fmt.Manifest, entry: fmt.ShardEntry, index: fmt.ShardIndex,
@@ -225,11 +232,12 @@ def _shard_file_problems(entry: fmt.ShardEntry, index: fmt.ShardIndex, data: byt
 
 def _sample_problems(m: fmt.Manifest, index: fmt.ShardIndex, data: bytes, path: str,
                      report: VerifyReport, decode: bool) -> tuple[list[Problem], list[Problem]]:
-    """(structural problems, undecodable images) of the shard's samples, each checked against
-    its hash, its structure, and (``decode``) its images."""
+    """(structural problems, other problems: keys unpack would refuse, undecodable images) of
+    the shard's samples, each checked against its hash, its structure, and (``decode``) its
+    images."""
     view = memoryview(data)
     problems: list[Problem] = []
-    images: list[Problem] = []
+    others: list[Problem] = []
     # ImageFolder packs: each sample's cls against the classes and its key's class folder
     # (a list, even an empty one: [] must still be compared with the labels)
     classes = m.classes
@@ -239,6 +247,12 @@ def _sample_problems(m: fmt.Manifest, index: fmt.ShardIndex, data: bytes, path: 
         report.samples += 1
         start, end = index.span(row)
         key = index.key(row)
+        # the same rule as unpack and export (and pack's listings): a key they would refuse
+        # fails here, not half-way through an unpack
+        why = fmt.unsafe_name_reason(key)
+        if why:
+            others.append(Problem(path, f"key cannot be written out by unpack or export: "
+                                        f"{why}", key))
         if end > len(data):
             problems.append(Problem(path, f"sample runs past the end of the shard ({end} > "
                                           f"{len(data)} bytes)", key))
@@ -254,12 +268,12 @@ def _sample_problems(m: fmt.Manifest, index: fmt.ShardIndex, data: bytes, path: 
             problems.append(Problem(path, exc.message, key))
             continue
         if decode:
-            images += _check_images(index, row, record, path, key)
+            others += _check_images(index, row, record, path, key)
         if cls_column is not None:
             why = _note_cls(index, row, record, path, report, key, classes)
             if why:
                 problems.append(Problem(path, why, key))
-    return problems, images
+    return problems, others
 
 
 def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report, key: str,

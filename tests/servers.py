@@ -1130,8 +1130,19 @@ class FaultMode:
     times        misbehave for only the first ``times`` requests of each path (counted from the
                  last set_mode), then serve correctly; None: always
     only         fnmatch patterns ("*.shard", "data/*"): misbehave only for matching paths
+    short_body   answer a GET without Range with only the first N bytes of the file, and a
+                 Content-Length of N (a server serving a truncated copy: nothing looks cut)
+    content_range  answer a Range request 206 with other bytes than asked, each with its honest
+                 Content-Range: "to_end" (from the start asked to the end of the file),
+                 "from_zero" (from byte 0 to the end asked), "short" (the first half of the
+                 range asked)
+    endless      answer a GET 200 with a body that never ends: the file's first bytes, then
+                 zeros, forever; "chunked" (chunked encoding, no length) or "length" (a
+                 Content-Length of 1 TiB)
+    redirect_to  answer GET and HEAD with a 302 to this URL prefix + "/" + the path asked
 
-    HEAD requests are affected by status, hang and delay_s only (they have no body)."""
+    HEAD requests are affected by status, hang, delay_s and redirect_to only (they have no
+    body)."""
 
     status: int | None = None
     retry_after: int | str | None = None
@@ -1142,16 +1153,25 @@ class FaultMode:
     delay_s: float = 0.0
     times: int | None = None
     only: tuple[str, ...] | None = None
+    short_body: int | None = None
+    content_range: str | None = None
+    endless: str | None = None
+    redirect_to: str | None = None
 
     def __post_init__(self):
         if self.only is not None:
             only = (self.only,) if isinstance(self.only, str) else tuple(self.only)
             object.__setattr__(self, "only", only)
+        if self.content_range not in (None, "to_end", "from_zero", "short"):
+            raise ValueError(f"content_range: {self.content_range!r}")
+        if self.endless not in (None, "chunked", "length"):
+            raise ValueError(f"endless: {self.endless!r}")
 
     @property
     def misbehaves(self) -> bool:
         return bool(self.status or self.reset_after is not None or self.hang or self.drip_bps
-                    or self.ignore_range or self.delay_s)
+                    or self.ignore_range or self.delay_s or self.short_body is not None
+                    or self.content_range or self.endless or self.redirect_to)
 
     def matches(self, path: str) -> bool:
         return self.only is None or any(fnmatch.fnmatchcase(path, p) for p in self.only)
@@ -1160,7 +1180,7 @@ class FaultMode:
         if not self.misbehaves or not self.matches(path):
             return False
         if method == "HEAD":
-            return bool(self.status or self.hang or self.delay_s)
+            return bool(self.status or self.hang or self.delay_s or self.redirect_to)
         return True
 
 
@@ -1173,7 +1193,7 @@ class FaultRequest:
     status: int | None = None  # the status sent (None: none sent: hang or reset before headers)
 
 
-_REASONS = {200: "OK", 206: "Partial Content", 400: "Bad Request", 403: "Forbidden",
+_REASONS = {200: "OK", 206: "Partial Content", 302: "Found", 400: "Bad Request", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 416: "Range Not Satisfiable",
             429: "Too Many Requests", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway",
@@ -1205,6 +1225,17 @@ def parse_range(header: str, size: int) -> tuple[int, int] | str | None:
     if start >= size:
         return "unsatisfiable"
     return start, size if end is None else min(end, size)
+
+
+def _sent_range(fault: FaultMode, start: int, end: int, size: int) -> tuple[int, int]:
+    """The bytes a 206 sends for the range [start, end) asked, as ``fault.content_range`` says."""
+    if fault.content_range == "to_end":
+        return start, size
+    if fault.content_range == "from_zero":
+        return 0, end
+    if fault.content_range == "short":
+        return start, start + max(1, (end - start) // 2)
+    return start, end
 
 
 class FaultServer(_AsyncServer):
@@ -1279,16 +1310,21 @@ class FaultServer(_AsyncServer):
             if not await self._respond(reader, writer, method.upper(), target, headers, keep_alive):
                 return
 
-    async def _respond(self, reader, writer, method, target, headers, keep_alive) -> bool:
-        """Answer one request; False when the connection must end."""
-        path = _norm_path(unquote(urlsplit(target).path))
-        mode = self.mode
+    def _counts_as_faulted(self, mode: FaultMode, method: str, path: str) -> bool:
+        """Whether ``mode`` applies to this request (and count it for ``times``)."""
         faulted = mode.applies_to(method, path)
         if faulted and mode.times is not None:
             used = self._fault_counts.get(path, 0)
             faulted = used < mode.times
             if faulted:
                 self._fault_counts[path] = used + 1
+        return faulted
+
+    async def _respond(self, reader, writer, method, target, headers, keep_alive) -> bool:
+        """Answer one request; False when the connection must end."""
+        path = _norm_path(unquote(urlsplit(target).path))
+        mode = self.mode
+        faulted = self._counts_as_faulted(mode, method, path)
         record = FaultRequest(method, path, headers.get("range"), faulted)
         self.requests.append(record)
         fault = mode if faulted else FaultMode()
@@ -1303,6 +1339,10 @@ class FaultServer(_AsyncServer):
             extra = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
             record.status = fault.status
             return await self._send_simple(writer, fault.status, keep_alive, extra, method)
+        if fault.redirect_to:
+            record.status = 302
+            location = f"{fault.redirect_to.rstrip('/')}/{quote(path)}"
+            return await self._send_simple(writer, 302, keep_alive, {"Location": location}, method)
         if method not in ("GET", "HEAD"):
             record.status = 405
             return await self._send_simple(writer, 405, keep_alive, {"Allow": "GET, HEAD"}, method)
@@ -1326,8 +1366,13 @@ class FaultServer(_AsyncServer):
                 return await self._send_simple(writer, 416, keep_alive,
                                                {"Content-Range": f"bytes */{size}"}, method)
             if parsed:
-                (start, end), status = parsed, 206
+                (start, end), status = _sent_range(fault, *parsed, size), 206
                 extra["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        elif fault.short_body is not None and method == "GET":
+            end = min(end, fault.short_body)
+        if fault.endless and method == "GET":
+            record.status = 200
+            return await self._send_endless(writer, file, fault.endless)
         record.status = status
         self._write_head(writer, status, end - start, keep_alive, extra)
         if method == "HEAD":
@@ -1358,6 +1403,22 @@ class FaultServer(_AsyncServer):
             return False
         await writer.drain()
         return True
+
+    async def _send_endless(self, writer, file: Path, how: str) -> bool:
+        """A 200 whose body never ends (the file's first bytes, then zeros) until the client
+        goes away or the server stops."""
+        lines = ["HTTP/1.1 200 OK", f"Date: {email.utils.formatdate(usegmt=True)}",
+                 "Server: shardpack-fault-server", "Content-Type: application/octet-stream",
+                 "Transfer-Encoding: chunked" if how == "chunked" else f"Content-Length: {1 << 40}",
+                 "Connection: close"]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        with open(file, "rb") as f:
+            piece = f.read(_CHUNK) or bytes(1)
+        zeros = bytes(_CHUNK)
+        while True:
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if how == "chunked" else piece)
+            await writer.drain()
+            piece = zeros
 
     def _resolve(self, path: str) -> Path | None:
         """The regular file that ``path`` names under the root; None outside it or if missing."""

@@ -141,7 +141,7 @@ def test_names_with_spaces_unicode_newlines_and_empty_files(tmp_path):
     out = tmp_path / "out"
     run_cli("pack", src, out, "--layout", "files")
     listing = run_cli("ls", out).output
-    assert "a b/ü n" in listing and "x\ny" in listing
+    assert "a b/ü n" in listing and "$'x\\ny'" in listing  # one key a line: newline escaped
     assert run_cli("cat", out, "x\ny").output == "nl"
 
 

@@ -1,7 +1,8 @@
 """Nothing wrong is ever returned (issue 16): every reader checks each sample against its index
-hash once per process, a mapped shard must be the one its index describes, one writer at a time
-per OUT, and verify checks the whole manifest.  Each test counts what a reader returned against
-what was packed: a wrong sample returned without an error is a failure."""
+hash (on every read by default, once per process with check="once"), a mapped shard must be the
+one its index describes, one writer at a time per OUT, and verify checks the whole manifest.
+Each test counts what a reader returned against what was packed: a wrong sample returned
+without an error is a failure."""
 
 from __future__ import annotations
 
@@ -284,6 +285,8 @@ def test_trust_storage_skips_the_sample_check(packed):
         shardpack.open_reader(out).read_sample(1)
     trusting = shardpack.DatasetReader(out, trust_storage=True)
     assert bytes(trusting.read_sample(1)["jpg"]) != truth[index.key(1)]
+    unchecked = shardpack.DatasetReader(out, check="none")  # the same, spelled as a mode
+    assert bytes(unchecked.read_sample(1)["jpg"]) != truth[index.key(1)]
 
 
 def test_a_bad_label_is_skippable_in_the_batched_path(tmp_path):
@@ -312,7 +315,7 @@ def test_the_memo_belongs_to_the_file_it_was_checked_in(tmp_path):
     src = _tree(tmp_path / "src")
     out = tmp_path / "out"
     shardpack.pack(src, out, workers=1, max_samples=6)
-    reader = shardpack.DatasetReader(out)
+    reader = shardpack.DatasetReader(out, check="once")  # (the default checks every read)
     reader.MAX_OPEN_SHARDS = 1
     first = bytes(reader.read(0, 1)["jpg"])  # sample 1 of shard 0: checked, memo set
     reader.read(1, 0)                          # shard 1 mapped: shard 0 closed
