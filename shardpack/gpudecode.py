@@ -109,25 +109,53 @@ def plan_chunks(sizes: Sequence[tuple[int, int]], budget: int = CHUNK_BYTES,
     return chunks
 
 
-# nvJPEG statuses that are the device's, not an image's: allocator failure (nvJPEG allocates
-# outside torch's caching allocator, so a full GPU shows up here), execution failed, internal error
-_NVJPEG_FATAL = (5, 6, 8)
+# nvJPEG's statuses (nvjpeg.h, nvjpegStatus_t).  Those of the device or the library, not of an
+# image: not initialised, allocator failure (nvJPEG allocates outside torch's caching allocator, so
+# a full GPU shows up here), execution failed, architecture mismatch, internal error.  An image's
+# own are 2-4, 9 and 10: it goes to the CPU path.
+NVJPEG_STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 2: "INVALID_PARAMETER", 3: "BAD_JPEG",
+                 4: "JPEG_NOT_SUPPORTED", 5: "ALLOCATOR_FAILURE", 6: "EXECUTION_FAILED",
+                 7: "ARCH_MISMATCH", 8: "INTERNAL_ERROR", 9: "IMPLEMENTATION_NOT_SUPPORTED",
+                 10: "INCOMPLETE_BITSTREAM"}
+_NVJPEG_FATAL = frozenset({1, 5, 6, 7, 8})
+
+# torchvision checks every nvJPEG call as TORCH_CHECK(status == SUCCESS, "<what failed>: ",
+# status): "Failed to get image info: 3", "Failed to decode batch: 5", "Failed to decode jpeg
+# stream: 6", ...  That is a c10::Error, whose what() appends the C++ backtrace ("\nException
+# raised from decode_images at ...decode_jpegs_cuda.cpp:NNN (most recent call first):\nframe #0:
+# ..."), and torchvision 0.26 rethrows it as "Error while decoding JPEG images: " + what(): the
+# status is wherever the message puts it, not at the end.  So every "<what failed>: N" in the text
+# is read.  CUDA errors ("Failed to synchronize CUDA stream: N") and a decoder that cannot be made
+# ("Failed to initialize nvjpeg with ... backend", "Failed to create ...", "nvjpegGetProperty
+# failed") are the device's whatever the number.
+_STATUS = re.compile(r"(Failed to [A-Za-z][A-Za-z ]*?|nvjpeg[A-Za-z]* failed): (-?\d+)(?!\d)")
+_DEVICE_CALLS = ("Failed to synchronize CUDA stream", "Failed to initialize nvjpeg",
+                 "Failed to create", "nvjpegGetProperty failed")
+_BACKTRACE = "Exception raised from "
+
+
+def nvjpeg_statuses(text: str) -> list[tuple[str, int]]:
+    """Every ``(what failed, status)`` torchvision's nvJPEG checks wrote into an error message,
+    in order, wherever they are (before a C++ backtrace, inside a wrapper's prefix)."""
+    return [(m.group(1), int(m.group(2))) for m in _STATUS.finditer(text)]
 
 
 def is_fatal(exc: BaseException) -> bool:
     """Errors that are the device's, not an image's: out of memory, CUDA errors (torch's text, or
-    torchvision's "Failed to synchronize CUDA stream: N") and nvJPEG's allocator, execution and
-    internal failures are raised, never turned into a CPU decode."""
+    torchvision's "Failed to synchronize CUDA stream: N"), a decoder that cannot be made, and
+    nvJPEG's not-initialised, allocator, execution, architecture and internal failures (statuses
+    1, 5, 6, 7, 8) are raised, never turned into a CPU decode or an image-by-image retry."""
     accel = getattr(torch, "AcceleratorError", None)
     if isinstance(exc, torch.cuda.OutOfMemoryError) or (accel and isinstance(exc, accel)):
         return True
     text = str(exc)
     if any(s in text for s in ("out of memory", "CUDA error", "cudaError", "CUDA_ERROR",
-                               "device-side assert", "synchronize CUDA stream")):
+                               "device-side assert")):
         return True
-    status = re.search(r"Failed to (?:decode batch|decode image|initialize|get image info)\D*"
-                       r"(\d+)\s*$", text)
-    return status is not None and int(status.group(1)) in _NVJPEG_FATAL
+    for what, status in nvjpeg_statuses(text):
+        if what.startswith(_DEVICE_CALLS) or status in _NVJPEG_FATAL:
+            return True
+    return False
 
 
 SYSTEMIC = 4  # a chunk of this many images or more failing image by image is the device's fault
@@ -171,7 +199,8 @@ def decode_chunks(encoded: Sequence, chunks: list[list[int]], decode: Callable[[
 
 
 def _why(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
+    """One line: the message without a C++ backtrace (c10::Error's what() appends one)."""
+    return " ".join(str(exc).split(_BACKTRACE)[0].split())[:200] or type(exc).__name__
 
 
 def batch_epoch(batch: dict, fallback: int) -> int:
@@ -238,7 +267,7 @@ class GpuDecoder:
                         mode="bilinear", antialias=True, align_corners=False)[0]
                     flips[i] = should_flip(r, self.opts)
         if any(flips):
-            index = torch.tensor([i for i in range(n) if flips[i]], device=self.device)
+            index = _positions([i for i in range(n) if flips[i]], self.device)
             canvas[index] = canvas[index].flip(-1)
         out = canvas.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
         bad = self._cpu_decode(out, raws, cpu, rnd, keys) if cpu else []
@@ -261,9 +290,51 @@ class GpuDecoder:
                     raise DecodeError(f"{exc.message} (GPU: {cpu[i]})", key=keys[i]) from None
                 bad.append(i)
         self.stats["bad"] += len(bad)
-        index = torch.tensor(order, device=self.device)
-        out.index_copy_(0, index, host.to(self.device, non_blocking=True))
+        out.index_copy_(0, _positions(order, self.device), host.to(self.device, non_blocking=True))
         return bad
+
+
+def _positions(values: list[int], device: "torch.device") -> "torch.Tensor":
+    """An index tensor on ``device`` without a hidden sync: ``torch.tensor(list, device=cuda)``
+    is a blocking copy from pageable memory; this one is built on the host, pinned, and copied
+    without blocking (the caching host allocator keeps the pinned block until the copy is
+    done)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def standin_backend() -> Callable[[list], list]:
+    """A CPU stand-in for nvJPEG with its contract (a list of encoded uint8 tensors in, a list of
+    full-size RGB uint8 CHW tensors out; one bad item fails the whole call with torchvision's
+    message shape): ``DeviceLoader(..., decode="gpu", decode_backend=standin_backend())`` runs
+    the whole GPU plan on a machine without CUDA (tests, ``tools/gpu_check.py --cpu-smoke``)."""
+    import simplejpeg
+
+    def decode(items: list) -> list:
+        out = []
+        for t in items:
+            try:
+                pixels = simplejpeg.decode_jpeg(t.numpy().tobytes(), colorspace="RGB")
+            except ValueError as exc:
+                raise RuntimeError("Error while decoding JPEG images: Failed to get image info: 3"
+                                   f"\n{_BACKTRACE}decode_images (stand-in: {exc})") from None
+            out.append(torch.from_numpy(pixels).permute(2, 0, 1))
+        return out
+
+    return decode
+
+
+def probe(decode: Callable[[list], list], drain: Callable[[], None]) -> "torch.Tensor":
+    """Decode an 8x8 JPEG with ``decode``, the caller's stream drained before and after: nvJPEG
+    fills its output on torchvision's own stream, in memory allocated on the caller's, so a
+    block freed just before (``model.to(...)`` leaves temporaries whose kernels may still be
+    queued) must not be handed to it while those kernels run."""
+    drain()
+    image = decode([_tiny_jpeg()])[0]
+    drain()
+    return image
 
 
 def _nvjpeg(device: "torch.device") -> Callable[[list], list]:
@@ -284,14 +355,13 @@ def _nvjpeg(device: "torch.device") -> Callable[[list], list]:
 
     try:
         with torch.cuda.device(device):
-            probe = decode([_tiny_jpeg()])[0]
-            torch.cuda.current_stream(device).synchronize()
+            image = probe(decode, torch.cuda.current_stream(device).synchronize)
     except Exception as exc:  # noqa: BLE001 - every cause becomes the one line below
         raise DeviceError(f"GPU JPEG decode does not work on {device} (torchvision "
                           f"{torchvision.__version__}, torch {torch.__version__}): {_why(exc)}",
                           hint="use decode='cpu'") from None
-    if tuple(probe.shape) != (3, 8, 8):
-        raise DeviceError(f"GPU JPEG decode on {device} returned shape {tuple(probe.shape)} for "
+    if tuple(image.shape) != (3, 8, 8):
+        raise DeviceError(f"GPU JPEG decode on {device} returned shape {tuple(image.shape)} for "
                           "an 8x8 probe", hint="use decode='cpu'")
     return decode
 

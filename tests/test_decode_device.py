@@ -128,6 +128,7 @@ def test_wait_accounting():
     for _ in dl:
         time.sleep(0.01)
     assert 0.65 < dl.wait_fraction < 0.95, dl.stats
+    assert dl.gpu_idle_fraction is None  # no CUDA stream to time
     # data is instant, the consumer slow: it (almost) never waits
     dl = DeviceLoader(DataLoader(_Slow(10, 0.0), batch_size=None), device="cpu", prefetch=4)
     for _ in dl:
@@ -193,6 +194,9 @@ def test_gpu_decode_close_to_cpu(image_ds):
         assert diff < 6
         assert g["__bad__"].tolist() == c["__bad__"].tolist()
     assert gpu.stats["cpu_fallbacks"] == 1 and gpu.stats["bad"] == 1  # the broken JPEG
+    # the consumer stream's idle time, from CUDA events: the epoch start counted apart
+    assert 0 <= gpu.gpu_idle_fraction <= 1 and gpu.stats["epoch_starts"] == 1, gpu.stats
+    assert gpu.stats["gpu_start_idle_s"] > 0, gpu.stats
     raising = DeviceLoader(DataLoader(ds, batch_size=None), device="cuda", decode="gpu", size=64)
     with pytest.raises(DecodeError, match="bad"):
         list(raising)

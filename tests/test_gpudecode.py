@@ -15,8 +15,9 @@ from shardpack import DeviceLoader, ShardDataset
 from shardpack.batches import BytesBatch
 from shardpack.decode import CpuDecode, CropOptions, SampleRandom, decode_image
 from shardpack.errors import DecodeError, DeviceError
-from shardpack.gpudecode import (GpuDecoder, Route, batch_epoch, check_torchvision,
-                                 decode_chunks, is_fatal, plan_chunks, resolve_device, route)
+from shardpack.gpudecode import (NVJPEG_STATUS, GpuDecoder, Route, batch_epoch,
+                                 check_torchvision, decode_chunks, is_fatal, nvjpeg_statuses,
+                                 plan_chunks, probe, resolve_device, route, standin_backend)
 
 from .conftest import make_tree, run_cli
 from .imagegen import ramp_photo
@@ -128,13 +129,158 @@ def test_out_of_memory_and_cuda_errors_are_raised_not_sent_to_cpu():
     assert is_fatal(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert is_fatal(torch.cuda.OutOfMemoryError("CUDA out of memory"))
     assert not is_fatal(RuntimeError("Error while decoding JPEG images: Failed to get image info"))
-    # torchvision's numeric forms: a CUDA error, and nvJPEG's allocator / execution / internal
-    # failures are the device's; a bad or unsupported JPEG (3, 4) is the image's
-    for text in ("Failed to synchronize CUDA stream: 700", "Failed to decode batch: 5",
-                 "Failed to decode image: 6", "Failed to get image info: 8"):
-        assert is_fatal(RuntimeError(f"Error while decoding JPEG images: {text}")), text
-    for text in ("Failed to get image info: 3", "Failed to decode batch: 4"):
-        assert not is_fatal(RuntimeError(f"Error while decoding JPEG images: {text}")), text
+    # torch's caching allocator failing inside torchvision's output allocation, rethrown
+    assert is_fatal(_tv026("CUDA out of memory. Tried to allocate 36.00 MiB. GPU 0 has a total "
+                           "capacity of 139.80 GiB of which 4.19 MiB is free."))
+
+
+# -- torchvision 0.26's real message shape ---------------------------------------------------------
+#
+# torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp checks every nvJPEG call with
+#   TORCH_CHECK(status == NVJPEG_STATUS_SUCCESS, "Failed to get image info: ", status);
+# (the enum prints as its number), and decode_jpegs_cuda catches what decode_images throws:
+#   catch (const std::exception& e) {
+#     if (typeid(e) != typeid(std::runtime_error)) {
+#       TORCH_CHECK(false, "Error while decoding JPEG images: ", e.what());
+# A TORCH_CHECK failure is a c10::Error, whose what() is the message, "\n", then the C++
+# backtrace; Python shows the outer error without its own backtrace, so the inner one stays.
+# The check texts below are the strings in PyPI's torchvision 0.26.0 cp312 manylinux wheel
+# (torchvision/image.so, read with `strings`; it calls c10::detail::torchCheckFail and compares
+# with typeid(std::runtime_error)).  "Failed to decode image" is not among them.
+# nvJPEG's statuses (nvjpeg.h, nvjpegStatus_t): 0 SUCCESS, 1 NOT_INITIALIZED, 2 INVALID_PARAMETER,
+# 3 BAD_JPEG, 4 JPEG_NOT_SUPPORTED, 5 ALLOCATOR_FAILURE, 6 EXECUTION_FAILED, 7 ARCH_MISMATCH,
+# 8 INTERNAL_ERROR, 9 IMPLEMENTATION_NOT_SUPPORTED, 10 INCOMPLETE_BITSTREAM.
+
+_CPP = "/__w/vision/vision/pytorch/vision/torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp"
+_SO = "/usr/local/lib/python3.12/dist-packages/torchvision/_C.so"
+
+
+def _tv026(what: str, function: str = "decode_images", line: int = 475) -> RuntimeError:
+    """The RuntimeError torchvision 0.26 raises for a failed nvJPEG call: the prefix, the check's
+    text, and the inner c10::Error's backtrace after it."""
+    return RuntimeError(
+        f"Error while decoding JPEG images: {what}\n"
+        f"Exception raised from {function} at {_CPP}:{line} (most recent call first):\n"
+        "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f3c2d5e3446 in "
+        "/usr/local/lib/python3.12/dist-packages/torch/lib/libc10.so)\n"
+        "frame #1: c10::detail::torchCheckFail(char const*, char const*, unsigned int, "
+        "std::string const&) + 0x6a (0x7f3c2d58d6ea in /usr/local/lib/python3.12/dist-packages/"
+        "torch/lib/libc10.so)\n"
+        f"frame #2: vision::image::CUDAJpegDecoder::{function}(std::vector<at::Tensor, "
+        "std::allocator<at::Tensor> > const&, nvjpegOutputFormat_t const&) + 0x1b2f "
+        f"(0x7f3b11c2a0ff in {_SO})\n"
+        "frame #3: vision::image::decode_jpegs_cuda(std::vector<at::Tensor, std::allocator<"
+        "at::Tensor> > const&, vision::image::ImageReadMode, c10::Device) + 0x4c1 (0x7f3b11c2c4a1 "
+        f"in {_SO})\n"
+        f"frame #4: <unknown function> + 0x9e3c7 (0x7f3b11c3d3c7 in {_SO})\n")
+
+
+# (the check's text as torchvision writes it, the status, the device's fault?)
+_REAL = [
+    ("Failed to get image info", 3, False),            # a broken header
+    ("Failed to get image info", 4, False),            # a JPEG nvJPEG does not support
+    ("Failed to decode batch", 3, False),
+    ("Failed to decode jpeg stream", 10, False),       # a truncated image (0.26's words; no
+    ("Failed to parse jpeg stream", 2, False),         # "Failed to decode image" any more)
+    ("Failed to decode batch", 5, True),               # allocator failure: the GPU is full
+    ("Failed to decode jpeg stream", 6, True),         # execution failed
+    ("Failed to transfer jpeg to device", 8, True),    # internal error
+    ("Failed to initialize batch decoding", 5, True),
+    ("Failed to attach pinned buffer", 5, True),
+    ("Failed to get image info", 1, True),             # not initialised
+    ("Failed to synchronize CUDA stream", 700, True),  # cudaErrorIllegalAddress
+    ("Failed to initialize nvjpeg with hardware backend", 2, True),  # no decoder at all
+    ("Failed to create pinned buffer", 5, True),
+]
+
+
+@pytest.mark.parametrize(("what", "status", "fatal"), _REAL)
+def test_classifier_reads_torchvision_026_messages(what, status, fatal):
+    exc = _tv026(f"{what}: {status}")
+    assert not str(exc).rstrip().endswith(str(status))  # the number is not at the end
+    assert nvjpeg_statuses(str(exc)) == [(what, status)]
+    assert is_fatal(exc) is fatal, (what, status)
+    # the same text without the backtrace, and in an older wrapper's place (at the end)
+    assert is_fatal(RuntimeError(f"Error while decoding JPEG images: {what}: {status}")) is fatal
+    assert is_fatal(RuntimeError(f"decode_images, {_CPP}:475, {what}: {status}")) is fatal
+
+
+# every nvJPEG decode check in torchvision 0.26.0's image.so
+_CHECKS_026 = (
+    "Failed to attach device buffer", "Failed to attach pinned buffer",
+    "Failed to create decode params", "Failed to create device buffer",
+    "Failed to create jpeg stream", "Failed to create nvjpeg decoder state",
+    "Failed to create nvjpeg decoder", "Failed to create nvjpeg state",
+    "Failed to create pinned buffer", "Failed to decode batch", "Failed to decode jpeg stream",
+    "Failed to get image info", "Failed to initialize batch decoding",
+    "Failed to initialize nvjpeg with default backend",
+    "Failed to initialize nvjpeg with hardware backend", "Failed to parse jpeg stream",
+    "Failed to set output format", "Failed to synchronize CUDA stream",
+    "Failed to transfer jpeg to device", "nvjpegGetProperty failed")
+_ALWAYS_DEVICE = ("Failed to create", "Failed to initialize nvjpeg",
+                  "Failed to synchronize CUDA stream", "nvjpegGetProperty failed")
+
+
+@pytest.mark.parametrize("what", _CHECKS_026)
+def test_every_026_check_text_is_read(what):
+    for status in range(11):
+        exc = _tv026(f"{what}: {status}")
+        assert nvjpeg_statuses(str(exc)) == [(what, status)]
+        device = what.startswith(_ALWAYS_DEVICE) or status in (1, 5, 6, 7, 8)
+        assert is_fatal(exc) is device, (what, status)
+    assert not is_fatal(_tv026("Unknown chroma subsampling"))  # an image's
+
+
+def test_statuses_5_6_8_are_never_retried_image_by_image():
+    """An allocator, execution or internal failure raises at once: no per-image retry (which
+    ended in a misleading DeviceError) and, for a chunk under 4 images, no silent CPU decode."""
+    assert {5: "ALLOCATOR_FAILURE", 6: "EXECUTION_FAILED",
+            8: "INTERNAL_ERROR"}.items() <= NVJPEG_STATUS.items()
+    for status in (5, 6, 8):
+        for chunk in (["a", "b"], ["a", "b", "c", "d", "e"]):
+            calls = []
+
+            def decode(items, status=status, calls=calls):
+                calls.append(list(items))
+                raise _tv026(f"Failed to decode batch: {status}")
+
+            with pytest.raises(RuntimeError, match=f"Failed to decode batch: {status}"):
+                list(decode_chunks(chunk, [list(range(len(chunk)))], decode))
+            assert len(calls) == 1, (status, calls)  # the batched call only
+
+
+def test_an_images_status_is_retried_and_named_without_the_backtrace():
+    def decode(items):
+        if "bad" in items:
+            raise _tv026("Failed to get image info: 3", function="prepare_buffers", line=298)
+        return [f"img:{x}" for x in items]
+
+    out = list(decode_chunks(["a", "bad", "c"], [[0, 1, 2]], decode))
+    assert out[0][1] == ["img:a", None, "img:c"]
+    assert out[0][2] == {1: "Error while decoding JPEG images: Failed to get image info: 3"}
+
+
+def test_the_probe_drains_the_callers_stream_before_decoding():
+    order = []
+
+    def decode(items):
+        order.append("decode")
+        return [torch.zeros(3, 8, 8, dtype=torch.uint8)]
+
+    image = probe(decode, lambda: order.append("drain"))
+    assert order == ["drain", "decode", "drain"] and tuple(image.shape) == (3, 8, 8)
+
+
+def test_the_standin_backend_keeps_nvjpegs_contract():
+    decode = standin_backend()
+    blob = torch.frombuffer(bytearray(ramp_photo(0, 40, 30)), dtype=torch.uint8)
+    (image,) = decode([blob])
+    assert image.shape == (3, 30, 40) and image.dtype == torch.uint8
+    broken = torch.frombuffer(bytearray(b"\xff\xd8 broken"), dtype=torch.uint8)
+    with pytest.raises(RuntimeError) as info:
+        decode([blob, broken])
+    assert str(info.value).startswith("Error while decoding JPEG images: ")
+    assert not is_fatal(info.value) and nvjpeg_statuses(str(info.value))[0][1] == 3
 
 
 def test_a_chunk_that_fails_image_by_image_too_is_the_devices_fault():
@@ -205,6 +351,109 @@ def test_gpu_plan_names_the_bad_sample_by_default():
     dec = GpuDecoder(torch.device("cpu"), CropOptions(size=16), backend=_cpu_backend([]))
     with pytest.raises(DecodeError, match=r"sample 'cls0/broken'.*GPU: JPEG header"):
         dec(data, offsets, [0, 1], ["cls0/ok", "cls0/broken"], epoch=0, stream=None)
+
+
+def test_device_loader_runs_the_gpu_plan_with_a_standin_on_the_cpu(small_ds):
+    ds = ShardDataset(small_ds, batch_size=4, batched=True, shuffle=False)
+    dl = DeviceLoader(DataLoader(ds, batch_size=None), device="cpu", decode="gpu", size=16,
+                      normalize=False, on_error="skip", decode_backend=standin_backend())
+    ref = DeviceLoader(DataLoader(ShardDataset(small_ds, batch_size=4, batched=True,
+                                               shuffle=False, decode=CpuDecode(16)),
+                                  batch_size=None), device="cpu", decode="cpu", size=16,
+                       normalize=False)
+    for g, c in zip(dl, ref, strict=True):
+        assert g["image"].shape == c["image"].shape == (4, 3, 16, 16)
+        assert (g["image"] - c["image"]).abs().mean() < 12
+    assert dl.stats["samples"] == 12 and dl.stats["cpu_fallbacks"] == 0
+    assert dl.gpu_idle_fraction is None  # no CUDA: no stream to time
+
+
+# -- the consumer stream's idle time (CUDA events; stand-ins here) ---------------------------------
+
+class _FakeEvent:
+    now = 0.0  # the stand-in clock (ms): what the stream has reached when an event is recorded
+
+    def record(self, stream=None):
+        self.t = _FakeEvent.now
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+class _FakeStream:
+    def wait_event(self, event):
+        pass
+
+
+def test_gpu_clock_counts_idle_between_steps_and_epoch_starts_apart():
+    from shardpack.device import STATS, _GpuClock
+
+    stats = {name: 0.0 if name.endswith("_s") else 0 for name in STATS}
+    clock, stream = _GpuClock(stats, events=_FakeEvent), _FakeStream()
+
+    def at(ms, fn, *args):
+        _FakeEvent.now = ms
+        fn(*args)
+
+    at(0, clock.asked, stream)                   # an epoch starts: 50 ms until the first batch
+    at(50, clock.handed, stream, None, True)
+    at(150, clock.asked, stream)                 # a 100 ms step, then 20 ms idle
+    at(170, clock.handed, stream, None, False)
+    at(270, clock.asked, stream)                 # another 100 ms step, no wait
+    at(270, clock.handed, stream, None, False)
+    at(370, clock.asked, stream)                 # the end of the epoch
+    clock.settle(wait=True)
+    assert stats["gpu_start_idle_s"] == pytest.approx(0.050) and stats["epoch_starts"] == 1
+    assert stats["gpu_idle_s"] == pytest.approx(0.020)
+    assert stats["gpu_busy_s"] == pytest.approx(0.300)
+    clock.forget()  # reset_stats: nothing begun before counts after
+    assert not clock.pending
+
+
+@pytest.mark.skipif(NO_CUDA, reason="needs CUDA")
+def test_gpu_decoder_has_no_hidden_sync_per_batch():
+    """Flips and CPU fallbacks put index tensors on the device: built pinned and copied without
+    blocking (torch.tensor(list, device="cuda") is a blocking copy from pageable memory).  With
+    torch's sync debug mode set to "error", any synchronising call raises."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    host = standin_backend()
+
+    def on_device(items):  # nvJPEG's place, without its stream synchronisation
+        return [img.to(device, non_blocking=True) for img in host(items)]
+
+    blobs = [ramp_photo(i, 64 + 8 * i, 48) for i in range(6)] + [ramp_photo(9, 20, 16, "PNG")]
+    data, offsets = _bytes_batch(blobs)
+    dec = GpuDecoder(device, CropOptions(size=32, seed=1), on_error="skip", backend=on_device)
+    dec(data, offsets, list(range(7)), [f"k{i}" for i in range(7)], epoch=0, stream=None)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, bad = dec(data, offsets, list(range(7)), [f"k{i}" for i in range(7)], epoch=1,
+                       stream=None)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.device == device and out.shape == (7, 32, 32, 3) and bad == []
+
+
+@pytest.mark.skipif(NO_CUDA, reason="needs CUDA")
+def test_real_nvjpeg_error_on_a_broken_jpeg_is_the_images():
+    """The message the installed torchvision gives for a broken JPEG: read by the classifier as
+    the image's fault, with its status found wherever it is."""
+    tvio = pytest.importorskip("torchvision.io")
+    broken = torch.frombuffer(bytearray(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 4),
+                              dtype=torch.uint8)
+    with pytest.raises(RuntimeError) as info:
+        tvio.decode_jpeg([broken], device="cuda")
+    text = str(info.value)
+    print(repr(text[:600]))
+    assert "Error while decoding JPEG images" in text or nvjpeg_statuses(text), text[:600]
+    assert not is_fatal(info.value), text[:600]
 
 
 # -- the epoch hand-off ---------------------------------------------------------------------------

@@ -236,3 +236,55 @@ def test_save_by_time(tiny_ds, tmp_path):
     # by time: never more than 0.4 s apart (4 steps of 0.15 s), and not at every step unless
     # every step took over 0.4 s (a heavily loaded machine)
     assert all(1 <= g <= 4 for g in gaps) and max(gaps) >= 2, steps
+
+
+def _train_example_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_example",
+                                                  ROOT / "tools" / "train_example.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ranks_share_gpus_when_there_are_fewer_than_ranks():
+    import torch
+
+    pick = _train_example_module().pick_device
+    assert pick(0, 2, 0) == (torch.device("cpu"), "gloo")
+    assert pick(1, 2, 2) == (torch.device("cuda", 1), "nccl")    # one GPU per rank
+    assert pick(1, 2, 1) == (torch.device("cuda", 0), "gloo")    # NCCL refuses a shared GPU
+    assert pick(3, 4, 2) == (torch.device("cuda", 1), "gloo")
+    assert pick(0, 1, 8) == (torch.device("cuda", 0), "nccl")
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.timeout(240)
+def test_two_ranks_on_the_gpus_there_are(tiny_ds, tmp_path):
+    """torchrun with 2 ranks on a CUDA machine, whatever its GPU count (a 1-GPU machine: both
+    share it): every sample of each epoch seen once; GPU decode where torchvision imports."""
+    import importlib.util
+
+    import torch
+
+    decode = "gpu" if importlib.util.find_spec("torchvision") else "cpu"
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_port()),
+           str(ROOT / "tools" / "train_example.py"), str(tiny_ds), "--out", str(out),
+           "--epochs", "2", "--batch-size", "4", "--size", "32", "--workers", "1",
+           "--decode", decode, "--log-seen", "--save-every-steps", "4"]
+    # shardpack from this tree, installed or not (the GPU machine runs the working tree)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=200,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "done: " in done.stdout and "on cuda:" in done.stdout, done.stdout[-2000:]
+    if torch.cuda.device_count() < 2:
+        assert "2 ranks share 1 GPU(s): gloo" in done.stdout
+    for epoch in (0, 1):
+        seen = [i for rank in (0, 1)
+                for line in (out / f"seen-rank{rank}.jsonl").read_text().splitlines()
+                for i in json.loads(line)["ids"] if json.loads(line)["epoch"] == epoch]
+        assert sorted(seen) == list(range(40)), f"epoch {epoch}: not exactly once"

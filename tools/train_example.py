@@ -57,6 +57,18 @@ def build_model(name: str, classes: int) -> nn.Module:
     return small_cnn(classes)
 
 
+def pick_device(local_rank: int, local_world: int, device_count: int
+                ) -> tuple[torch.device, str]:
+    """This rank's device and the process group's backend.  One GPU per rank where there are
+    enough (NCCL); with fewer GPUs than ranks on this machine, ranks share them round-robin
+    (``local_rank % device_count``) over gloo, since NCCL refuses two ranks on one GPU; no GPU:
+    the CPU and gloo."""
+    if device_count <= 0:
+        return torch.device("cpu"), "gloo"
+    device = torch.device("cuda", local_rank % device_count)
+    return device, "nccl" if local_world <= device_count else "gloo"
+
+
 def main() -> None:  # noqa: C901  (the example users copy: one readable loop, top to bottom)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dataset")
@@ -89,15 +101,20 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
     torch.manual_seed(args.seed)
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    cuda = torch.cuda.is_available()
-    if distributed:
-        dist.init_process_group("nccl" if cuda else "gloo")
-    rank = dist.get_rank() if distributed else 0
-    world = dist.get_world_size() if distributed else 1
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local}" if cuda else "cpu")
+    device, backend = pick_device(
+        local, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
+    if distributed:
+        dist.init_process_group(backend)
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    if rank == 0 and cuda and backend == "gloo":
+        print(f"{os.environ.get('LOCAL_WORLD_SIZE')} ranks share {torch.cuda.device_count()} "
+              "GPU(s): gloo", flush=True)
 
     decode = shardpack.CpuDecode(args.size) if args.decode == "cpu" else None
     ds = shardpack.ShardDataset(args.dataset, batch_size=args.batch_size, batched=True,
@@ -111,7 +128,8 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     if distributed:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9) \
         if args.optimizer == "sgd" else torch.optim.Adam(model.parameters(), lr=args.lr)
     raw = model.module if distributed else model
@@ -170,7 +188,7 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
             if rank == 0 and step % 10 == 0:
                 rate = samples * world / (time.perf_counter() - start)
                 print(f"epoch {epoch} step {step} loss {loss.item():.3f} {rate:,.0f} samples/s "
-                      f"waiting {100 * loader.wait_fraction:.1f}%", flush=True)
+                      f"waiting {100 * loader.wait_fraction:.1f}%{_idle(loader)}", flush=True)
         else:  # the epoch ran to its end: the next one starts fresh (loader state None)
             epoch += 1
             if saver.saved_step != step:  # (a save at this step already holds the whole epoch)
@@ -183,13 +201,20 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
             break
     saver.wait()  # the last write is on disk before the process ends
     if rank == 0:
-        print(f"done: {step} steps, data wait {100 * loader.wait_fraction:.1f}% of loop time; "
-              f"{saver.summary()}", flush=True)
+        print(f"done: {step} steps on {device}, data wait {100 * loader.wait_fraction:.1f}% of "
+              f"loop time{_idle(loader)}; {saver.summary()}", flush=True)
         if args.stats_json:
             with open(args.stats_json, "w") as f:
                 json.dump({"steps": step_times, **saver.stats}, f)
     if distributed:
         dist.destroy_process_group()
+
+
+def _idle(loader) -> str:
+    """The GPU's idle share between steps (CUDA events on the training stream), where there is
+    one."""
+    idle = loader.gpu_idle_fraction
+    return "" if idle is None else f", GPU idle {100 * idle:.1f}% between steps"
 
 
 class Checkpointer:
