@@ -16,7 +16,6 @@ index's bytes are read (``index_bytes``), what "fetch ahead" means for it (``uni
 from __future__ import annotations
 
 import os
-import stat
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -25,81 +24,11 @@ from typing import Sequence
 import numpy as np
 
 from . import format as fmt
-from .errors import DatasetNotFoundError, FormatError, IntegrityError
-from .storage import Storage
+from .storage import Storage, check_regular, read_fd, read_regular
 
 MAX_OPEN_SHARDS = 64     # local maps a process keeps open
 CHUNK_BYTES = 8 << 20    # ranged reads without a cache
 CHUNK_MEMORY = 96 << 20  # ... chunks a process keeps, at least
-
-
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
-          (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
-
-
-def check_regular(st: os.stat_result, display: str, what: str) -> None:
-    """A one-line :class:`FormatError` unless ``st`` is a regular file's: a dataset's manifest,
-    indexes and shards are files with sizes, never a device, FIFO or folder (docs/reading.md,
-    "Integrity")."""
-    if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
-        raise FormatError(f"{what} is {kind}, not a regular file", path=display)
-
-
-def open_regular(path: str, display: str, what: str) -> tuple[int, os.stat_result]:
-    """(fd, its fstat) of the local regular file at ``path``.  Opened with O_NONBLOCK, so a FIFO
-    put in its place never blocks the open, and checked with fstat before a byte is read (so
-    /dev/zero cannot fill memory): the same rule as the packer's source files
-    (shardpack/fields.py).  The caller closes the fd."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        raise DatasetNotFoundError(f"{what} is missing", path=display) from None
-    except OSError as exc:  # a socket (ENXIO), no permission, ...
-        raise FormatError(f"cannot open the {what}: {exc.strerror}", path=display) from None
-    try:
-        st = os.fstat(fd)
-        check_regular(st, display, what)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
-
-def read_fd(fd: int, size: int, display: str, what: str) -> bytes:
-    """Exactly ``size`` bytes from offset 0 of ``fd`` (pread, whatever its position), or a
-    one-line IntegrityError when the file ends first (it shrank since it was sized)."""
-    parts, got = [], 0
-    while got < size:
-        try:
-            part = os.pread(fd, size - got, got)
-        except OSError as exc:
-            raise FormatError(f"cannot read the {what}: {exc.strerror}", path=display) from None
-        if not part:
-            raise IntegrityError(f"the {what} ended after {got} of its {size} bytes (truncated "
-                                 "while it was read)", path=display)
-        parts.append(part)
-        got += len(part)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def read_regular(path: str, display: str, what: str, size: int | None = None,
-                 limit: int | None = None) -> bytes:
-    """The bytes of the local regular file at ``path`` (see :func:`open_regular`): exactly
-    ``size`` of them, a one-line IntegrityError if the file has another size, or (``size``
-    None) as many as its fstat says, which bounds the read, up to ``limit`` (a FormatError
-    past it)."""
-    fd, st = open_regular(path, display, what)
-    try:
-        if size is not None and st.st_size != size:
-            raise IntegrityError(f"{what} is {st.st_size} bytes, the manifest says {size}",
-                                 path=display)
-        if limit is not None and st.st_size > limit:
-            raise FormatError(f"{what} is {st.st_size:,} bytes, more than the {limit:,} any "
-                              f"{what} can be", path=display)
-        return read_fd(fd, st.st_size, display, what)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

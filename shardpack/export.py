@@ -213,12 +213,13 @@ def _prepare(storage: Storage, overwrite: bool) -> bool:
 
 def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
                   overwrite: bool, progress: bool, summary: ExportSummary) -> None:
-    from .unpack import unpack, unpack_replacing
+    from .unpack import remove_stale, unpack, unpack_replacing
 
     if not Storage(out, storage_options).local:
         raise ShardpackError("--to files writes a local folder", path=out,
                              hint="export to webdataset or parquet for remote storage")
     out = resolve_out(out)  # a symbolic link OUT: its folder is the one replaced
+    remove_stale(out)  # before any refusal: a killed run's leftovers go whatever this run does
     busy = os.path.lexists(out) and (not os.path.isdir(out) or bool(os.listdir(out)))
     if busy and not overwrite:
         raise ShardpackError("output exists and is not an empty folder", path=out,

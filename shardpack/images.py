@@ -496,7 +496,7 @@ def decode_rgb(data, min_side: int = 0, max_pixels: int | None = None) -> np.nda
                 image.draft(image.mode, (min_side, min_side))
             image.load()
             return rgb_array(image)
-    except DecodeError:
+    except ShardpackError:  # the budget's refusal, or a bad budget setting: as they are
         raise
     except Image.DecompressionBombError as exc:
         count = re.search(r"(\d+) pixels", str(exc))

@@ -132,12 +132,14 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
     options = make_options(format=format, shard_size=shard_size, max_samples=max_samples,
                            compression=compression, zstd_level=zstd_level, resize=resize,
                            quality=quality, skip_bad=skip_bad, layout=layout, group=group,
-                           check=check, follow_links=follow_links,
-                           allow_empty_classes=allow_empty_classes)
+                           check=check)
     source = Source(src, layout=layout, group=group, skip_bad=skip_bad,
                     exclude=_inside(out, src, storage_options), follow_links=follow_links,
                     allow_empty_classes=allow_empty_classes, storage_options=storage_options)
-    return pack_source(source, out, options, origin={"source": source.src}, workers=workers,
+    # --follow-links decides which files are packed: part of the source, as --resume sees it
+    # (absent when off, as in states of releases before it)
+    origin = {"source": source.src, **({"follow_links": True} if follow_links else {})}
+    return pack_source(source, out, options, origin=origin, workers=workers,
                        resume=resume, overwrite=overwrite, executor=executor, engine=engine,
                        address=address, part=part, progress=progress,
                        storage_options=storage_options, source_options=storage_options)
@@ -145,14 +147,12 @@ def pack(src, out, *, format: str = "tar", shard_size="256MB", max_samples: int 
 
 def make_options(*, format: str, shard_size, max_samples: int | None, compression: str,
                  zstd_level: int, resize: int | None, quality: int, skip_bad: bool,
-                 layout: str, group: str = "auto", check: str = "quick",
-                 follow_links: bool = False, allow_empty_classes: bool = False) -> PackOptions:
+                 layout: str, group: str = "auto", check: str = "quick") -> PackOptions:
     """The :class:`PackOptions` of ``pack``'s and ``convert``'s keyword arguments."""
     return PackOptions(shard_format=format, shard_size=parse_size(shard_size),
                        max_samples=max_samples, compression=compression, zstd_level=zstd_level,
                        resize=resize, quality=quality, skip_bad=skip_bad, layout=layout,
-                       group=group, check=check, follow_links=follow_links,
-                       allow_empty_classes=allow_empty_classes)
+                       group=group, check=check)
 
 
 def _inside(out, src, storage_options) -> str | None:
@@ -336,6 +336,11 @@ def _prepare_out(storage: Storage, state: dict, *, resume: bool, overwrite: bool
     if storage.exists() and not storage.fs.isdir(storage.root):
         raise ShardpackError("output exists and is not a folder", path=storage.url)
     names = [n for n in storage.listdir() if not is_temp_name(n) and n != LOCK_NAME]
+    if fmt.MANIFEST_NAME in names and STATE_NAME in names:
+        # a pack killed between publishing its manifest and removing its state: the dataset is
+        # whole, the state a leftover that no run would otherwise remove (we hold OUT's lock)
+        storage.remove(STATE_NAME)
+        names.remove(STATE_NAME)
     ours = [n for n in names if is_ours(n)]
     foreign = [n for n in names if not is_ours(n)]
     failed = (names and not overwrite and not foreign and fmt.MANIFEST_NAME not in names

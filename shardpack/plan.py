@@ -63,8 +63,6 @@ class PackOptions:
     layout: str = "auto"
     group: str = "auto"     # how files group into samples (samples.GROUPS)
     check: str = "quick"    # image check at pack time (images.CHECKS)
-    follow_links: bool = False  # links leading outside SRC are followed, not refused
-    allow_empty_classes: bool = False  # a class folder without samples stays a class
 
     def __post_init__(self):
         if self.shard_format not in SHARD_FORMATS:

@@ -16,11 +16,10 @@ from collections import OrderedDict
 import numpy as np
 
 from . import format as fmt
-from .access import (MAX_OPEN_SHARDS, Burst, check_regular, make_access, open_regular,
-                     read_regular)
+from .access import MAX_OPEN_SHARDS, Burst, make_access
 from .errors import DatasetNotFoundError, FormatError, IntegrityError, ShardpackError
 from .prefetch import NOTHING, Prefetcher
-from .storage import Storage
+from .storage import Storage, check_regular, open_regular, read_regular
 
 
 UNPARSED = np.iinfo(np.int64).min  # a label not parsed yet (label_memo)
@@ -320,7 +319,7 @@ class DatasetReader:
         for shard, mapped in held:
             try:
                 st = os.stat(mapped.path)
-                now = identity_of(st)
+                now = identity_of(st, cached=mapped.entry is not None)
             except OSError:  # gone (a cached copy removed by another reader): map again
                 now = None
             if now != mapped.identity:
@@ -593,11 +592,15 @@ def mismatch(path: str, index: fmt.ShardIndex, row: int, offset: int) -> Integri
                           hint="run 'shardpack verify' on the dataset")
 
 
-def identity_of(st: os.stat_result) -> tuple:
+def identity_of(st: os.stat_result, cached: bool = False) -> tuple:
     """What tells one copy of a shard from another: device, inode, size, mtime, and ctime,
     which every change through the file system moves (a write, a truncation, and the
     ``os.utime`` that puts an mtime back), so a file rewritten in place counts as another
-    copy even with its mtime kept."""
+    copy even with its mtime kept.  Not ctime for a ``cached`` copy: the cache moves it itself
+    (its access-time stamps, for LRU), on every open by any reader; a new copy there is a new
+    inode (a rename), and bytes changed in place are the hash check's to catch."""
+    if cached:
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -620,8 +623,9 @@ def _map(path: str, expected: int, display: str,
     error.  ``held``: an open fd of the file (a cache entry's) to map instead of ``path``; it
     stays open."""
     if held >= 0:
-        fd, st = os.dup(held), os.fstat(held)
+        st = os.fstat(held)
         check_regular(st, display, "shard")
+        fd = os.dup(held)
     else:
         fd, st = open_regular(path, display, "shard")
     try:
@@ -629,7 +633,7 @@ def _map(path: str, expected: int, display: str,
             raise IntegrityError(f"shard is {st.st_size} bytes, the manifest says {expected} "
                                  "(truncated or replaced)", path=display,
                                  hint="run 'shardpack verify'")
-        identity = identity_of(st)
+        identity = identity_of(st, cached=held >= 0)
         if not st.st_size:
             return memoryview(b""), None, identity
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)

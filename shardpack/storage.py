@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import stat
 import random
 import re
 import time
@@ -149,6 +150,89 @@ class StorageOptionError(ShardpackError, ValueError):
     """A storage option of shardpack's own with a value it cannot use."""
 
 
+def _what(name: str) -> str:
+    """What a dataset's file is, for messages."""
+    if name == fmt.MANIFEST_NAME:
+        return "manifest"
+    if name.endswith(fmt.INDEX_SUFFIX):
+        return "index"
+    if name.endswith(tuple(fmt.SHARD_SUFFIX.values())):
+        return "shard"
+    return "file"
+
+
+# -- local files: regular files only ------------------------------------------------------------
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+          (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular(st: os.stat_result, display: str, what: str) -> None:
+    """A one-line :class:`FormatError` unless ``st`` is a regular file's: a dataset's manifest,
+    indexes and shards are files with sizes, never a device, FIFO or folder (docs/reading.md,
+    "Integrity")."""
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
+        raise FormatError(f"{what} is {kind}, not a regular file", path=display)
+
+
+def open_regular(path: str, display: str, what: str) -> tuple[int, os.stat_result]:
+    """(fd, its fstat) of the local regular file at ``path``.  Opened with O_NONBLOCK, so a FIFO
+    put in its place never blocks the open, and checked with fstat before a byte is read (so
+    /dev/zero cannot fill memory): the same rule as the packer's source files
+    (shardpack/fields.py).  The caller closes the fd."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise DatasetNotFoundError(f"{what} is missing", path=display) from None
+    except OSError as exc:  # a socket (ENXIO), no permission, ...
+        raise FormatError(f"cannot open the {what}: {exc.strerror}", path=display) from None
+    try:
+        st = os.fstat(fd)
+        check_regular(st, display, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_fd(fd: int, size: int, display: str, what: str, offset: int = 0) -> bytes:
+    """Exactly ``size`` bytes from ``offset`` of ``fd`` (pread, whatever its position), or a
+    one-line IntegrityError when the file ends first (it shrank since it was sized)."""
+    parts, got = [], 0
+    while got < size:
+        try:
+            part = os.pread(fd, size - got, offset + got)
+        except OSError as exc:
+            raise FormatError(f"cannot read the {what}: {exc.strerror}", path=display) from None
+        if not part:
+            raise IntegrityError(f"the {what} ended after {got} of its {size} bytes (truncated "
+                                 "while it was read)", path=display)
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_regular(path: str, display: str, what: str, size: int | None = None,
+                 limit: int | None = None) -> bytes:
+    """The bytes of the local regular file at ``path`` (see :func:`open_regular`): exactly
+    ``size`` of them, a one-line IntegrityError if the file has another size, or (``size``
+    None) as many as its fstat says, which bounds the read, up to ``limit`` (a FormatError
+    past it)."""
+    fd, st = open_regular(path, display, what)
+    try:
+        if size is not None and st.st_size != size:
+            raise IntegrityError(f"{what} is {st.st_size} bytes, the manifest says {size}",
+                                 path=display)
+        if limit is not None and st.st_size > limit:
+            raise FormatError(f"{what} is {st.st_size:,} bytes, more than the {limit:,} any "
+                              f"{what} can be", path=display)
+        return read_fd(fd, st.st_size, display, what)
+    finally:
+        os.close(fd)
+
+
+
 class Storage:
     def __init__(self, url: str | os.PathLike, storage_options: dict | None = None,
                  retry: RetryPolicy | None = None):
@@ -156,7 +240,7 @@ class Storage:
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
         self.deadline = _deadline_option(self.storage_options)
-        self.other_hosts = bool(self.storage_options.get("follow_redirects_to_other_hosts"))
+        self.other_hosts = _flag_option(self.storage_options, "follow_redirects_to_other_hosts")
         self.protocol = fsspec.core.split_protocol(self.url)[0] or "file"
         options = self._options()
         local_path = _local_path(self.url, self.protocol)
@@ -314,9 +398,8 @@ class Storage:
                 return b""
 
         def fetch():
-            if self.local and whole and name == fmt.MANIFEST_NAME:  # bounded locally too
-                with open(self.path(name), "rb") as f:
-                    return self._bounded(name, f.read(MANIFEST_CAP + 1), None)
+            if self.local:  # regular files only: never a FIFO's wait or /dev/zero's flood
+                return self._read_local(name, start, end, size)
             if self._http:
                 return self._run(lambda fs: self._get(fs, name, start, end, size=size))
             if whole:
@@ -332,6 +415,29 @@ class Storage:
         if whole and name == fmt.MANIFEST_NAME and not self.local:
             self._manifest, self._sizes = data, {}  # parsed when a size is first wanted
         return data
+
+    def _read_local(self, name: str, start: int | None, end: int | None,
+                    size: int | None) -> bytes:
+        """A local file, whole or bytes [start, end), read through :func:`open_regular`: a
+        regular file, bounded by its fstat (a manifest also by :data:`MANIFEST_CAP`)."""
+        what = _what(name)
+        display = self.display(name)
+        fd, st = open_regular(self.path(name), display, what)
+        try:
+            if start is None and end is None:
+                if name == fmt.MANIFEST_NAME and st.st_size > MANIFEST_CAP:
+                    raise FormatError(f"manifest is longer than {MANIFEST_CAP:,} bytes, the most "
+                                      "one can be", path=display)
+                if size is not None and st.st_size != size:
+                    raise IntegrityError(f"{what} is {st.st_size} bytes, the manifest says "
+                                         f"{size}", path=display)
+                return read_fd(fd, st.st_size, display, what)
+            if end > st.st_size:
+                raise IntegrityError(f"{what} is {st.st_size} bytes, bytes {start} to {end} "
+                                     "were asked for (truncated?)", path=display)
+            return read_fd(fd, end - start, display, what, offset=start)
+        finally:
+            os.close(fd)
 
     def _bounded(self, name: str, data: bytes, size: int | None) -> bytes:
         """A whole file fsspec read (S3 and others: botocore reads what Content-Length says,
@@ -794,6 +900,16 @@ class Storage:
         return count
 
 
+def _flag_option(options: dict, name: str) -> bool:
+    """A yes/no storage option: true or false (JSON, as ``-o NAME=true`` gives), never a
+    string whose truth would be its being non-empty (``-o NAME=False`` is the string 'False',
+    which ``bool`` reads as yes: a security switch turned on by its 'off')."""
+    value = options.get(name, False)
+    if not isinstance(value, bool):
+        raise StorageOptionError(f"storage option {name} must be true or false, not {value!r}")
+    return value
+
+
 def _deadline_option(options: dict) -> float:
     value = options.get("request_deadline", REQUEST_DEADLINE)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
@@ -805,17 +921,26 @@ def _deadline_option(options: dict) -> float:
 
 def _local_path(url: str, protocol: str | None) -> str | None:
     """The local path ``url`` names when it holds ``::`` but is no fsspec chain (fsspec would
-    split ``/data/a::b`` into the chain ``/data/a`` and ``b``): a path that exists, or one
-    whose first ``::`` piece is no protocol (``simplecache::s3://...`` stays a chain).  None
-    otherwise."""
+    split ``/data/a::b`` into the chain ``/data/a`` and ``b``): a path that exists, or one that
+    is not a chain of known protocols (``simplecache::s3://...`` and ``zip://x::s3://...`` stay
+    chains; ``/data/a::b`` and ``file:///data/a::v2`` are paths, existing or not, so a pack
+    never writes to ``/data/a`` instead).  None otherwise."""
     if "::" not in url or protocol not in ("file", "local"):
         return None
     scheme, path = fsspec.core.split_protocol(url)
-    if os.path.lexists(path):
-        return path
-    if scheme is None and url.split("::", 1)[0] not in fsspec.available_protocols():
+    if os.path.lexists(path) or not _is_chain(url):
         return path
     return None
+
+
+def _is_chain(url: str) -> bool:
+    """Whether ``url`` is an fsspec chain: its first ``::`` piece is a known protocol's name
+    (``simplecache::...``), or every piece is a URL of a known protocol (``zip://x::s3://...``).
+    ``file:///data/a::v2`` is neither."""
+    known = set(fsspec.available_protocols())
+    pieces = url.split("::")
+    return pieces[0] in known or all(fsspec.core.split_protocol(piece)[0] in known
+                                     for piece in pieces)
 
 
 def _manifest_sizes(data: bytes) -> dict[str, int]:

@@ -53,6 +53,7 @@ def _unpack(url, out, storage_options: dict | None, progress: bool, replace: boo
     reader = DatasetReader(url, storage_options)
     check_shard_names(reader)
     out = resolve_out(out)
+    remove_stale(out)  # before any refusal: a killed run's leftovers go whatever this run does
     if not replace and os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ShardpackError("output exists and is not an empty folder", path=out,
                              hint="choose a new folder")
@@ -79,15 +80,23 @@ def _unpack(url, out, storage_options: dict | None, progress: bool, replace: boo
                 os.rmdir(out)
             os.rename(tree, out)
     except BaseException as exc:
-        remove_tree(work)
+        remove_work(work)
         if isinstance(exc, OSError) and not isinstance(exc, ShardpackError):
             raise os_error(exc, out, tmp=tree) from None
         raise
     finally:
         if bar is not None:
             bar.close()
-    remove_tree(work)  # the owner record and, replacing, the old tree (a kill: the next run)
+    remove_work(work)  # the owner record and, replacing, the old tree (a kill: the next run)
     return job.written
+
+
+def remove_work(work: str) -> None:
+    """Remove a work folder of this run: its trees first, its owner record last, so that a
+    kill on the way leaves a folder the next run can still judge (:func:`remove_stale`)."""
+    for part in (WORK_OLD, WORK_TREE):
+        remove_tree(os.path.join(work, part))
+    remove_tree(work)
 
 
 # -- the hidden work folder and its owner ---------------------------------------------------------

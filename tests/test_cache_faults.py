@@ -454,3 +454,30 @@ def test_cache_prune_evicts_least_recently_used_files_nobody_holds(tmp_path):
     result = run_cli("cache", "prune", "--cache-dir", root, "--limit", "0", ok=False)
     assert result.exit_code == 2 and result.output == ("shardpack: error: size must be positive, "
                                                        "got '0'\n")
+
+
+def test_other_readers_of_the_cache_do_not_make_its_copies_look_changed(tmp_path):
+    """The cache stamps a file's access time when any reader opens it, which moves its ctime:
+    a cached copy's identity leaves ctime out, or every epoch would re-map (and re-parse the
+    labels of) every shard another reader had opened."""
+    import fsspec
+
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    for i in range(30):
+        (src / "a" / f"{i}.bin").write_bytes(os.urandom(1000))
+    shardpack.pack(src, tmp_path / "ds", workers=1, max_samples=5)
+    fs = fsspec.filesystem("memory")
+    root = f"/ctime-{os.getpid()}-{tmp_path.name}"
+    for path in (tmp_path / "ds").iterdir():
+        if not path.name.startswith("."):
+            fs.pipe(f"{root}/{path.name}", path.read_bytes())
+    try:
+        readers = [shardpack.DatasetReader(f"memory://{root}", cache_dir=tmp_path / "cache")
+                   for _ in range(2)]
+        for reader in readers:
+            for i in range(len(reader)):
+                reader.read_sample(i)
+        assert readers[0].revalidate() == 0
+    finally:
+        fs.rm(root, recursive=True)

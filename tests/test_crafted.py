@@ -8,6 +8,7 @@ and the manifest directly (:func:`craft`), every hash consistent, so only the ke
 rules can catch them."""
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -22,7 +23,7 @@ from shardpack import format as fmt
 from shardpack.batches import collate
 from shardpack.errors import FormatError, ShardpackError
 
-from .conftest import run_cli
+from .conftest import make_tree, run_cli, run_subprocess
 
 
 def _tar_record(key: str, fields: list) -> tuple[bytes, list[int]]:
@@ -429,3 +430,17 @@ def test_a_local_manifest_past_the_cap_is_refused_unread(tmp_path):
     with pytest.raises(FormatError, match=rf"manifest is {fmt.MANIFEST_CAP + 1:,} bytes, more "
                                           "than the"):
         shardpack.open_reader(tmp_path)
+
+
+@pytest.mark.parametrize("flags", [(), ("--resume",)])
+def test_a_fifo_in_out_never_blocks_pack(tmp_path, flags):
+    """Every local read goes through the regular-file check (shardpack.storage.read_bytes):
+    a FIFO as OUT's pack state is one line, not a pack waiting for a writer forever."""
+    src = make_tree(tmp_path / "src", {"a/x.bin": b"1", "a/y.bin": b"2"})
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / ".shardpack-pack.json")
+    (out / "shard-00000.tar").write_bytes(b"")
+    result = run_subprocess("pack", src, out, "-q", *flags, timeout=60)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr

@@ -358,7 +358,7 @@ def test_an_error_never_blocks_on_a_fifo_swapped_in_after_the_stat(tmp_path, mon
     out, _ = _pack(tmp_path / "data")
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    from shardpack.access import read_regular
+    from shardpack.storage import read_regular
 
     with time_limit(10), pytest.raises(ShardpackError, match="x is a FIFO, not a regular file"):
         read_regular(str(fifo), "x", "x")

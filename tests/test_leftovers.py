@@ -103,6 +103,47 @@ def test_export_files_removes_them_too(ds, tmp_path):
     assert remove_stale(str(out)) == []  # ours is alive
 
 
+@pytest.mark.parametrize("command", ["unpack", "export"])
+def test_a_refused_rerun_still_removes_stale_trees(ds, tmp_path, command):
+    """A run killed after it published OUT leaves its work folder; every later run refuses the
+    non-empty OUT, so the removal must come before that refusal."""
+    dataset, files = ds
+    out = tmp_path / "out"
+    make_tree(out, {"published.txt": b"what the killed run had published"})
+    stale = _work(out, "1-0000000d", _dead_record(), files=0)
+    args = (("unpack", dataset, out) if command == "unpack"
+            else ("export", dataset, out, "--to", "files"))
+    result = run_cli(*args, ok=None)
+    assert result.exit_code == 2 and "not an empty folder" in result.output
+    assert not stale.exists() and _hidden(out) == []
+
+
+def test_removing_a_work_folder_keeps_its_record_to_the_last(tmp_path):
+    """A kill while a work folder is removed must leave one the next run can judge: the trees
+    go first, the owner record last."""
+    from shardpack.unpack import WORK_OLD, remove_work
+
+    out = tmp_path / "out"
+    work = _work(out.parent / "x" / "out", "1-0000000e", owner_record(), files=2)
+    (work / WORK_OLD / "a").mkdir(parents=True)
+    order = []
+    real_unlink = os.unlink
+
+    def unlink(path, *a, **kw):
+        order.append(os.path.basename(path))
+        return real_unlink(path, *a, **kw)
+
+    import shardpack.unpack as unpack_module
+
+    saved = unpack_module.os.unlink
+    unpack_module.os.unlink = unlink
+    try:
+        remove_work(str(work))
+    finally:
+        unpack_module.os.unlink = saved
+    assert not work.exists() and order[-1] == WORK_OWNER, order
+
+
 # -- a real kill -9 ----------------------------------------------------------------------------
 
 KILLED = textwrap.dedent("""

@@ -257,6 +257,17 @@ def test_redirect_to_another_host_is_refused(local_ds, truth, serve, tmp_path):
     assert _read_all(server.url, storage_options={"follow_redirects_to_other_hosts": True}) \
         == truth
     assert other.requests_for("shardpack.json") == 1
+    # from the command line "-o follow_redirects_to_other_hosts=False" is the string 'False':
+    # refused in one line, never read as yes
+    from shardpack.cli import _parse_options
+    from shardpack.storage import StorageOptionError
+
+    for text in ("False", "no", "0"):
+        options = _parse_options([f"follow_redirects_to_other_hosts={text}"])
+        with pytest.raises(StorageOptionError, match="must be true or false"):
+            Storage(server.url, options)
+    assert not Storage(server.url, _parse_options(["follow_redirects_to_other_hosts=false"])
+                       ).other_hosts
 
 
 def test_same_host_rule():
@@ -319,6 +330,10 @@ def test_local_path_with_double_colon(tmp_path, monkeypatch):
     assert _local_path("simplecache::s3://bucket/ds", "simplecache::s3") is None
     assert _local_path("memory::ds", "file") is None  # a chain whose first piece is a protocol
     assert _local_path(str(tmp_path / "new::z"), "file") == str(tmp_path / "new::z")
+    # a file:// URL holding "::" that does not exist yet: packed there, not into its prefix
+    shardpack.pack(src, f"file://{tmp_path}/ds::v2", workers=1)
+    assert (tmp_path / "ds::v2" / fmt.MANIFEST_NAME).is_file() and not (tmp_path / "ds").exists()
+    assert _local_path("zip://member::s3://bucket/a.zip", "zip") is None
 
 
 def test_bounded_reads_keep_stats_apart(local_ds, serve):

@@ -96,3 +96,15 @@ def test_resume_refuses_other_options(src, tmp_path):
     assert result.exit_code == 2 and "different options" in result.output
     result = run_cli("pack", src, out, "--resume", "--shard-size", "1MB", "-q")
     assert "kept from the interrupted run" in result.output  # "1 complete shard" or "N ..s"
+
+
+def test_a_state_left_beside_a_published_manifest_is_removed(src, tmp_path):
+    """A pack killed between writing its manifest and removing its state leaves both: the next
+    pack run into OUT (here --resume, which has nothing to resume) removes the stale state."""
+    out = tmp_path / "out"
+    shardpack.pack(src, out, workers=1)
+    (out / ".shardpack-pack.json").write_text("{}")
+    result = run_cli("pack", src, out, "-q", "--resume", ok=None)
+    assert result.exit_code == 2 and "nothing to resume" in result.output
+    assert not (out / ".shardpack-pack.json").exists()
+    assert len(shardpack.open_reader(out)) > 0

@@ -1,12 +1,20 @@
-"""Fault campaign (issue 16): corrupt a small packed dataset in many ways and count, per reader,
-what came back: all right, a clear error, silent wrong or missing samples, another exception, or
-nothing within ``--timeout`` (a hang).  shardpack's readers and WebDataset's tar reader run over
-the very same corrupted tar files.  Then a sweep of systematic edits to valid manifests, each
-checked with ``shardpack verify``: refused, accepted, or a traceback.  Writes
-docs/reliability.md's tables (``--out``).  Not a test (tests/test_integrity.py is; both use the
-logic in tests/faults.py).
+"""Fault benchmark: damage datasets, servers, caches and runs in scripted ways, count outcomes.
+
+First the fault campaign: families of scripted tries (shards changed in place between epochs,
+damaged cached copies and odd cache folders, a misbehaving HTTP server on 127.0.0.1, crafted
+datasets, image bombs, kill -9 mid-command, other cases), each try in a process of its own under
+a time limit (tools/faults_run.py; the families are in tools/faults_local.py,
+tools/faults_remote.py and tools/faults_crafted.py), what it read compared sample by sample with
+the packed truth: ok, a clear error, silent, another exception (a traceback), a hang or a crash
+(a signal).  Then the older corruption campaign: bit flips, truncations and swaps of a small
+packed dataset, read by shardpack's readers and WebDataset's tar reader in this process under a
+SIGALRM timer.  Then a sweep of systematic edits to valid manifests, each checked with
+``shardpack verify``: refused, accepted, or a traceback.  Writes docs/reliability.md
+(``--out``).  Not a test (tests/test_integrity.py and the fault tests are; they share
+tests/faults.py's logic).
 
     python tools/bench_faults.py --flips 1000 --out docs/reliability.md
+    python tools/bench_faults.py --only "ROW" --pick N     # one try of the campaign, shown
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import faulthandler
 import functools
 import os
 import random
+import shlex
 import shutil
 import sys
 import tempfile
@@ -25,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 import shardpack  # noqa: E402
 from tests.faults import KINDS, manifest_edits, outcome, read_shardpack, sweep  # noqa: E402
@@ -176,6 +186,268 @@ def sweep_lines(done: list, names: list[str]) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------------------------------------
+# The fault campaign: scripted tries, each in a process of its own
+# ---------------------------------------------------------------------------------------------
+
+FAMILIES = ("in-place local damage", "cache dir", "remote (HTTP)", "crafted datasets",
+            "process faults", "other")
+
+
+def preload() -> None:
+    """Everything a try uses, imported before the first fork (a try then starts in
+    milliseconds); nothing that starts a thread: a try forks from a process without any."""
+    import aiohttp  # noqa: F401
+    import click.testing  # noqa: F401
+    import fsspec.implementations.http  # noqa: F401
+    import PIL.Image  # noqa: F401
+    import torch.utils.data  # noqa: F401
+
+    import shardpack.cli  # noqa: F401
+    import shardpack.dataset  # noqa: F401
+    import shardpack.decode  # noqa: F401
+    import shardpack.export  # noqa: F401
+    import shardpack.preview  # noqa: F401
+    import shardpack.unpack  # noqa: F401
+    import tests.servers  # noqa: F401
+    import tests.test_crafted  # noqa: F401
+
+
+def build_tries(tmp: Path, args, nginx_url: str, sets: dict, big, kill_set) -> list:
+    import faults_crafted as C
+    import faults_local as L
+    import faults_remote as R
+
+    t = args.try_timeout
+    served = {f: (f"{nginx_url}/{clean.name}", clean, truth) for f, (clean, truth) in
+              sets.items()}
+    tries = L.inplace_tries(sets, args.inplace_flips, args.seed, t)
+    tries += R.cache_damage_tries(served, args.cache_flips, args.seed + 1, t)
+    tries += R.file_as_cache_tries(served["tar"][0], sets["tar"][1], t)
+    if R.read_only_possible(tmp / "probe"):
+        tries += R.read_only_tries(served, t)
+    else:
+        print("read-only cache tries skipped: cannot bind-mount read-only here", file=sys.stderr)
+    tries += R.shared_corrupt_tries(served, args.shared, args.seed + 2, t)
+    tries += R.remote_tries(sets["tar"], big, t)
+    for shard_format, (clean, truth) in sets.items():
+        tries += C.not_file_tries(clean, truth, t, shard_format)
+    tries += C.key_tries(t) + C.field_tries(t) + C.label_tries(t)
+    tries += C.state_tries(sets["tar"][0], t) + C.bomb_tries(t)
+    tries += L.process_tries(*kill_set, args.kill_points, t)
+    tries += L.colon_tries(*kill_set, t) + L.ls_tries(t) + L.collate_tries(t)
+    order = {f: i for i, f in enumerate(FAMILIES)}
+    return sorted(tries, key=lambda x: order[x.family])  # (stable: rows keep their order)
+
+
+def select(tries: list, only: str, pick: int | None) -> list:
+    """The tries of the row named ``only`` (its full "family: row" text, or a part of it),
+    or the ``pick``-th of them (from 0)."""
+    def name(x):
+        return f"{x.family}: {x.row}"
+    chosen = [x for x in tries if name(x) == only] or [x for x in tries if only in name(x)]
+    return chosen if pick is None else chosen[pick:pick + 1]
+
+
+def run_campaign(args, only: str | None = None, pick: int | None = None):
+    """Build the datasets, serve them, run every try (or the ones chosen); (tries, seconds)."""
+    import faults_local as L
+    import faults_remote as R
+    from faults_run import BAD, run_try
+
+    from tests.servers import NginxServer, find_nginx
+
+    preload()
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        serve = tmp / "serve"
+        sets = {f: L.shard_dataset(serve, f) for f in ("tar", "msgpack")}
+        big = R.big_dataset(tmp)
+        kill_set = L.process_dataset(tmp)
+        if find_nginx() is None:
+            raise SystemExit("nginx is needed for the cache family (tools/setup.sh installs it)")
+        with NginxServer(serve, tmp / "nginx") as nginx:
+            tries = build_tries(tmp, args, nginx.url, sets, big, kill_set)
+            if only is not None:
+                tries = select(tries, only, pick)
+            last = None
+            for n, x in enumerate(tries):
+                run_try(x, tmp / "scratch")
+                if only is not None:
+                    print(f"[{n + (pick or 0)}] {x.family}: {x.row} {x.params}\n    -> {x.kind}: "
+                          f"{x.detail} ({x.seconds:.2f} s)")
+                elif x.kind in BAD:
+                    print(f"  {x.kind}: {x.row} {x.params}: {x.detail}", file=sys.stderr)
+                if (x.family, x.row) != last and only is None:
+                    last = (x.family, x.row)
+                    print(f"{time.time() - started:6.0f} s  {x.family}: {x.row}", file=sys.stderr)
+    return tries, time.time() - started
+
+
+# Why a row has silent, traceback, hang or crash outcomes, where the cause is known and is a
+# documented property rather than a fault (matched against "family: row"; shown only for rows
+# that have such outcomes).
+NOTES = {
+    'check="once"': 'check="once" keeps a memo of the samples it hashed, so it does not hash '
+                    "them again: by design it misses a change that the shard's stat does not "
+                    "show when it is looked at (docs/reading.md, \"Integrity\"). The stat is taken "
+                    "at each epoch's start and when a shard is mapped, so a change during an "
+                    "epoch is missed until the next epoch; a cached copy changed in place with "
+                    "its mtime kept still carries the cache's stamp and is trusted.",
+    "trust_storage=True": "trust_storage=True (check=\"none\") hashes nothing by design: a flipped "
+                          "byte that leaves the record structure intact comes back as it is (the "
+                          "msgpack per-sample path still checks its CRC32C). The shard identity "
+                          "probe (three samples hashed when a shard is mapped) catches a local "
+                          "shard copied over between epochs, not a change during an epoch; a "
+                          "cached copy is not probed (the cache hashed it whole).",
+}
+
+
+def campaign_lines(tries: list, seconds: float, args) -> list[str]:
+    from faults_run import BAD, KINDS as RUN_KINDS
+    from faults_run import summary
+
+    rows = summary(tries)
+    lines = ["## The fault campaign: in place, cache, HTTP, crafted datasets, kills", "",
+             f"First part of the same command ({seconds:.0f} s, {len(tries):,} tries). Each try "
+             "is a script run in a process of its own, forked from the benchmark (shardpack, "
+             "torch and the HTTP client already imported), in an empty folder, under a "
+             f"wall-clock limit of {args.try_timeout:g} s (tools/faults_run.py); what it read is "
+             "compared sample by sample with the packed truth. Its outcome: **ok** (every "
+             "sample right, or the command did what a clean run does), **clear error** (a "
+             "one-line `ShardpackError`, or for a command exit 2 with one `shardpack: error:` "
+             "line, or verify's exit 1 with `BAD` lines; every sample returned before it right), "
+             "**silent** (a wrong or missing sample, a refused input accepted, a file left "
+             "behind or written elsewhere, with or without a later error), **traceback** "
+             "(another exception), **hang** (no outcome within the limit: the try's process "
+             "group is killed) or **crash** (the process died of a signal, SIGBUS or an "
+             "out-of-memory kill, before reporting). Where the right answer is more than \"no "
+             "wrong sample\", the row says it in brackets.", "",
+             "| family | tries | ok | clear error | silent | other exception (traceback) | hang "
+             "| crash (signal) |",
+             "|---|---|---|---|---|---|---|---|"]
+    families: dict[str, Counter] = {}
+    for family, _, c in rows:
+        families.setdefault(family, Counter()).update(c)
+    for family, c in list(families.items()) + [("**all**", sum(families.values(), Counter()))]:
+        lines.append(f"| {family} | {sum(c.values()):,} | {c['ok']:,} | {c['clear error']:,} | "
+                     f"**{c['silent']:,}** | **{c['other exception']:,}** | **{c['hang']:,}** | "
+                     f"**{c['crash']:,}** |")
+    outside = Counter(x.kind for x in tries
+                      if not any(key in f"{x.family}: {x.row}" for key in NOTES))
+    lines += ["", "Outside the rows of `check=\"once\"` and `trust_storage=True` (which by "
+              "design do not hash every read: below): silent "
+              f"{outside['silent']:,}, traceback {outside['other exception']:,}, hang "
+              f"{outside['hang']:,}, crash {outside['crash']:,}."]
+    lines += ["", "By case:", "",
+              "| family | case | tries | ok | clear error | silent | other exception (traceback) "
+              "| hang | crash (signal) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for family, row, c in rows:
+        lines.append(f"| {family} | {row} | {sum(c.values()):,} | " + " | ".join(
+            f"**{c[k]:,}**" if k in BAD else f"{c[k]:,}" for k in RUN_KINDS) + " |")
+    lines += ["", *family_notes(args), ""]
+    by_row: dict[str, list] = {}
+    for x in tries:
+        by_row.setdefault(f"{x.family}: {x.row}", []).append(x)
+    designed = {name: [note for key, note in NOTES.items() if key in name] for name in by_row}
+    bad_rows = {name: [(n, x) for n, x in enumerate(row) if x.kind in BAD]
+                for name, row in by_row.items()}
+    bad_rows = {name: shown for name, shown in bad_rows.items() if shown}
+    by_design = {name: shown for name, shown in bad_rows.items() if designed[name]
+                 and all(x.kind == "silent" for _, x in shown)}
+    rest = {name: shown for name, shown in bad_rows.items() if name not in by_design}
+    how = ("Each try runs alone with `python tools/bench_faults.py --only \"FAMILY: CASE\" "
+           "--pick N` (N: its place in the row, from 0, shown in brackets; same options as "
+           "above), which prints what it returned.")
+    if by_design:
+        lines += ["**Silent by design: `check=\"once\"` and `trust_storage=True`.** " +
+                  " ".join(NOTES.values()) + " So those rows count wrong samples that the "
+                  "default, `check=\"every\"`, turns into one-line errors (its rows above). "
+                  "One try each, for the record:", ""]
+        for name, shown in by_design.items():
+            n, x = shown[0]
+            params = ", ".join(f"{k}={v!r}" for k, v in x.params.items())
+            lines.append(f"- {name}: {len(shown)} silent; e.g. [{n}] {params}: {x.detail}")
+        lines.append("")
+    if not rest:
+        lines += ["**Other silent, traceback, hang or crash outcomes:** none.", ""]
+        return lines
+    lines += [f"**{'Other s' if by_design else 'S'}ilent, traceback, hang or crash outcomes, "
+              "try by try** (what varies inside the row, and what the try reported). " + how, ""]
+    for name, shown in rest.items():
+        lines.append(f"- {name}:")
+        for n, x in shown[:args.show]:
+            params = ", ".join(f"{k}={v!r}" for k, v in x.params.items())
+            lines.append(f"  - [{n}] {x.kind}: {params}: {x.detail}")
+        if len(shown) > args.show:
+            lines.append(f"  - ... and {len(shown) - args.show} more of the same row")
+    lines.append("")
+    return lines
+
+
+def family_notes(args) -> list[str]:
+    """What each family does, with its try counts' knobs."""
+    return [
+        "What each family does:", "",
+        "- **in-place local damage**: a dataset of 24 samples of ~3 KB in two shards of 12 (the "
+        "same size, each spanning several pages), tar and msgpack. One `ShardDataset` (per "
+        "sample, and batched with batch_size 4, `prefetch=0`) reads an epoch; then shard 0 is "
+        "damaged and the same object reads a second epoch (\"between epochs\"), or it is "
+        "damaged after the first item of the second epoch (\"during an epoch\"). Damage: `cp "
+        "shard-00001 shard-00000` (same size, same inode; also with the mtime put back, as `cp "
+        f"-p`), {args.inplace_flips} single bytes flipped at random offsets with the mtime put "
+        "back (`--inplace-flips`), truncation to 0 bytes, one page, the page boundary nearest "
+        "half, 100 bytes short (inside the last page) and one byte short. Each under `check="
+        "\"every\"` (the default, passed as nothing), `check=\"once\"` and `trust_storage=True`.",
+        "- **cache dir**: the same two datasets served by nginx on 127.0.0.1 and read with "
+        "`cache_dir`; the same damage, to the cached copy of shard 0 (offsets of "
+        f"`--cache-flips` = {args.cache_flips} flips). A regular file as `cache_dir` (and a "
+        "folder under it) through both readers and `shardpack cache info|prune|clear`. A cache "
+        "filled ahead, then bind-mounted read-only (`mount --bind -o ro`; as root chmod stops "
+        "nothing) and read through: warm, cold, with shard 1 missing, with shard 1 corrupt. One "
+        "cached shard flipped (its mtime moves), then 2 to 4 processes read the dataset through "
+        f"that cache at once ({args.shared} tries per format, `--shared`).",
+        "- **remote (HTTP)**: tests/servers.py's FaultServer, started inside each try, serving "
+        "the tar dataset (and, for the 206 rows, one of two ~9.6 MB shards, so that ranged reads "
+        "of about 8 MiB start inside a shard). Each fault applies to one target: the manifest, "
+        "the indexes (read whole, or downloaded into a cache), the shards (read in ranges "
+        "without a cache, or downloaded whole into one); with and without `trust_storage`, per "
+        "sample and batched. Retries keep the default 5 attempts and 30 s read timeout with "
+        "10-50 ms between attempts instead of 0.2 s doubling (only the waits differ). The "
+        "manifest's size is recorded nowhere, so a short manifest body whose Content-Length "
+        "agrees cannot be told from a short manifest: it does not parse, one line (the clear "
+        "errors of \"short twice, then whole\"). An endless body to a ranged read of a shard is "
+        "read up to the end of the range, which holds the right bytes: served.",
+        "- **crafted datasets**: a FIFO, a folder or a link to /dev/zero in place of the "
+        "manifest, an index or a shard, used by every reader and by cat, verify, ls, info, "
+        "unpack and export (info reads only the manifest and ls only the indexes: served is "
+        "right for them when a shard or index is replaced). Datasets written directly with "
+        "every hash consistent (tests/test_crafted.py's `craft`): keys that unpack and export "
+        "must refuse, and keys every command must take, through verify, unpack and export "
+        "(`--to webdataset`, `--to files`; a file written outside OUT is silent); field names "
+        "no pack writes. Labels outside int64 (and at its bounds) through the batched path (with "
+        "`on_error=\"skip\"` too), per-sample + `collate`, and a DataLoader with `collate`. "
+        "Resume states that cannot belong to the dataset (refused in one line within a second, "
+        "or it is a traceback). tests/hostile/images/ (headers claiming 8,000 to 13,000 pixels "
+        "a side) through `pack --check full`, `verify --decode`, `CpuDecode` and `preview`, in a "
+        "process whose address space may grow by 1 GiB only.",
+        "- **process faults**: unpack, export --to files (onto a new OUT, and with --overwrite "
+        "onto an old one) and pack (1 and 2 workers) of a 40-sample dataset are killed with "
+        "SIGKILL (their whole process group) at one file-system event of their run: an audit "
+        "hook counts the opens, renames, removals, mkdirs, links and utimes of the command's "
+        "process, and kills at the N-th, for every N of a clean run (at most `--kill-points` = "
+        f"{args.kill_points}, spread). Then the same command runs again (pack with `--resume`): "
+        "right is OUT as a clean run makes it, byte for byte, and no hidden work folder "
+        "`.OUT.tmp-*` left beside it (a leftover is silent). With 2 workers only the main "
+        "process's events are counted, so where the workers are at a kill varies from run to run.",
+        "- **other**: a local path holding `::` (as a plain path and as `file://`), packed into "
+        "and read by every reader and command; `ls` and `ls --long` of keys holding control "
+        "characters (each key on one line); `collate` errors naming the sample.",
+    ]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--flips", type=int, default=1000, help="bit flips per format and target")
@@ -183,8 +455,33 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds one reader's read of a damaged dataset may take: past it, a hang")
     p.add_argument("--out", default="", help="markdown file to write (docs/reliability.md)")
+    p.add_argument("--try-timeout", type=float, default=30.0,
+                   help="seconds one try of the fault campaign may take: past it, a hang")
+    p.add_argument("--inplace-flips", type=int, default=10,
+                   help="bytes flipped in place per format (in-place family)")
+    p.add_argument("--cache-flips", type=int, default=6,
+                   help="bytes flipped per format in a cached copy (cache family)")
+    p.add_argument("--shared", type=int, default=8,
+                   help="tries per format of one corrupt cached file read by several processes")
+    p.add_argument("--kill-points", type=int, default=200,
+                   help="most kill points per command (process faults)")
+    p.add_argument("--show", type=int, default=6,
+                   help="bad tries listed per row in the page")
+    p.add_argument("--only", default=None,
+                   help="run only this row of the fault campaign (\"FAMILY: CASE\", or part of "
+                        "it), print each try, write nothing")
+    p.add_argument("--pick", type=int, default=None, help="with --only: only its N-th try")
     args = p.parse_args()
+    if args.only is not None:
+        tries, _ = run_campaign(args, args.only, args.pick)
+        if not tries:
+            raise SystemExit(f"no try matches {args.only!r}")
+        return
+    if args.out:
+        Path(args.out).resolve().parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    tries, campaign_s = run_campaign(args)
+    legacy_started = time.time()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -216,10 +513,18 @@ def main() -> None:
         sweep_sets["files/msgpack+zstd"] = make_files_dataset(tmp / "files")
         swept = manifest_sweep(sweep_sets, tmp / "edit")
         print("manifest sweep", dict(Counter(s.result for _, s in swept)), file=sys.stderr)
+    command = shlex.join(["python", "tools/bench_faults.py", *sys.argv[1:]])
     lines = ["# Reliability: what readers return from damaged datasets", "",
-             f"Made by `python tools/bench_faults.py --flips {args.flips} --seed {args.seed} "
-             f"--out docs/reliability.md` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-             f" ({time.time() - started:.0f} s, both tables). Dataset: 40 samples (fake JPEGs of "
+             f"Made by `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, in "
+             f"{time.time() - started:.0f} s on {os.cpu_count()} CPUs: the fault campaign "
+             f"{campaign_s:.0f} s, the corruption campaign and the manifest sweep "
+             f"{time.time() - legacy_started:.0f} s. Three parts: the fault campaign (scripted "
+             "tries, each in a process of its own), a corruption campaign (bit flips, "
+             "truncations and swaps, read in this process) and a sweep of manifest edits "
+             "through `shardpack verify`.", ""]
+    lines += campaign_lines(tries, campaign_s, args)
+    lines += ["## Bit flips, truncations and swaps", "",
+             "Second part of the same command. Dataset: 40 samples (fake JPEGs of "
              "300-1,750 bytes), 4 shards of 10, tar and msgpack. After each damage every reader "
              "reads the whole dataset from a fresh process state; its outcome is **ok** (every "
              "sample right), **clear error** (a one-line `ShardpackError`, every sample returned "
@@ -244,7 +549,7 @@ def main() -> None:
               "no checksums: a flip in a member's data comes back as wrong bytes, a truncation "
               "as missing samples without an error.", "",
               "## Manifest edits through `shardpack verify`", "",
-              "Same command, second part. Each value of three valid manifests (the two "
+              "Third part of the same command. Each value of three valid manifests (the two "
               "ImageFolder datasets above, with classes `c0` and `c1`, and a `files`-layout "
               "msgpack + zstd dataset of 40 samples with `.cls` sidecars and no classes) is "
               "edited by its type: numbers +1, -1, 0, negative, 2**64, as a string, as a float, "
