@@ -115,14 +115,14 @@ def remove_work(work: str) -> None:
 WORK_OWNER = "owner.json"
 WORK_TREE = "tree"
 WORK_OLD = "old"
-UNMARKED_GRACE_S = 60.0  # an empty work folder without its record: only if older than this
+UNMARKED_GRACE_S = 60.0  # an older release's empty work folder without its record: only past this
 
 
 def _work_dir(out: str) -> str:
     """Make the hidden work folder beside ``out`` (after removing stale ones), its owner record
     and its empty ``tree``; returns its path."""
     parent, base = os.path.split(out)
-    work = os.path.join(parent, f".{base}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    work = os.path.join(parent, f".{base}.tmp-{_name_tag()}-{uuid.uuid4().hex[:8]}")
     try:
         os.makedirs(parent, exist_ok=True)
         remove_stale(out)
@@ -186,6 +186,31 @@ def _this_system() -> tuple[str, str] | None:
     return (boot.decode("ascii", "replace").strip(), namespace) if boot else None
 
 
+def _name_tag() -> str:
+    """What a work folder's name says of its owner, so that a folder without its record (a
+    kill between the ``mkdir`` and writing ``owner.json``, or while the folder is removed) can
+    still be judged: ``PID-START-BOOT`` (start: clock ticks after boot; BOOT: the boot id's
+    first 8 characters), or the pid alone where /proc cannot tell more."""
+    record = owner_record()
+    if record is None:
+        return str(os.getpid())
+    return f"{record['pid']}-{record['start']}-{record['boot'][:8]}"
+
+
+def _named_owner_gone(tag: str) -> bool | None:
+    """From a work folder name's tag (``PID-START-BOOT``, its name after ``.tmp-`` less the
+    random part): True when the process it names is gone (same boot, and no process with that
+    pid and start time), False when it lives or the name is of another boot, None when the name
+    tells too little (an older release's ``PID``)."""
+    parts = tag.split("-")
+    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    here = _this_system()
+    if here is None or here[0][:8] != parts[2]:
+        return False  # another boot or machine: the pid means nothing here
+    return _process_start(int(parts[0])) != int(parts[1])
+
+
 def owner_record(pid: int | None = None) -> dict | None:
     """What a work folder records of its owner, process ``pid`` (default: this one), or None
     where it cannot be known (no /proc, no such process)."""
@@ -210,12 +235,17 @@ def _owner_gone(path: str, name_pid: str) -> bool:
     except ValueError:
         record = None
     if not isinstance(record, dict):
-        # killed between making the folder and writing its record: nothing else is in it yet,
-        # and only the pid in its name is left to go by
+        # killed between making the folder and writing its record, or while removing it: the
+        # name says who made it (pid, start time, boot); an older release's name holds the pid
+        # alone, trusted only for an empty folder past a grace time
         try:
             empty = set(os.listdir(path)) <= {WORK_OWNER}
         except OSError:
             return False
+        named = _named_owner_gone(name_pid)
+        if named is not None:
+            return named
+        name_pid = name_pid.split("-", 1)[0]
         return (empty and time.time() - info.st_mtime > UNMARKED_GRACE_S
                 and name_pid.isdigit() and _process_start(int(name_pid)) is None)
     here = _this_system()
@@ -240,7 +270,7 @@ def remove_stale(out: str) -> list[str]:
         return removed
     for name in names:
         path = os.path.join(parent, name)
-        if _owner_gone(path, name[len(prefix):].split("-", 1)[0]):
+        if _owner_gone(path, name[len(prefix):].rsplit("-", 1)[0]):
             remove_tree(path)
             removed.append(path)
     return removed

@@ -144,6 +144,27 @@ def test_removing_a_work_folder_keeps_its_record_to_the_last(tmp_path):
     assert not work.exists() and order[-1] == WORK_OWNER, order
 
 
+def test_a_folder_without_its_record_is_judged_by_its_name(ds, tmp_path):
+    """A kill between making the work folder and writing its record (or while a run removes
+    it) leaves no owner.json: the name carries the owner's pid, start time and boot, so the
+    next run removes it at once when that process is gone, never when it lives."""
+    from shardpack.unpack import _name_tag
+
+    dataset, files = ds
+    out = tmp_path / "out"
+    gone = _dead_record()
+    dead = out.parent / f".{out.name}.tmp-{gone['pid']}-{gone['start']}-{gone['boot'][:8]}-0e"
+    dead.mkdir(parents=True)
+    alive = out.parent / f".{out.name}.tmp-{_name_tag()}-0f"
+    alive.mkdir()
+    (alive / WORK_TREE).mkdir()  # a live run's tree in the making
+    boot = out.parent / f".{out.name}.tmp-{gone['pid']}-{gone['start']}-00000000-10"
+    boot.mkdir()  # another boot's (NFS, a reboot): not judged here
+    assert unpack(dataset, out) == len(files)
+    assert not dead.exists() and alive.exists() and boot.exists()
+    assert _name_tag().startswith(f"{os.getpid()}-")
+
+
 # -- a real kill -9 ----------------------------------------------------------------------------
 
 KILLED = textwrap.dedent("""
