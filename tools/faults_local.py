@@ -99,6 +99,20 @@ def copy_over(src, dst, restore_mtime: bool) -> None:
     keep_mtime(dst, change) if restore_mtime else change()
 
 
+def damage_grid(size: int, rng: random.Random, flips: int):
+    """Every try of an in-place family: (case name, params, when, check, batched, damage) for
+    each damage (:func:`damages`), between or during an epoch, check mode and reader."""
+    cases = damages(size, rng, flips)
+    for when in ("between", "during"):
+        label = "between epochs" if when == "between" else "during an epoch"
+        for check in ("every", "once", "none"):
+            for row, what, damage in cases:
+                for batched in (False, True):
+                    params = dict(damage=what, reader="batched" if batched else "per sample")
+                    yield (f"{row}, {label}; {CHECK_NAMES[check]}", params, when, check,
+                           batched, damage)
+
+
 def damages(size: int, rng: random.Random, flips: int) -> list[tuple[str, str, object]]:
     """(row name, what, fn(shard, other)) for one shard of ``size`` bytes: copied over by the
     other shard (plain and with its mtime kept), ``flips`` bytes flipped (mtime kept), and
@@ -128,18 +142,10 @@ def inplace_tries(datasets: dict, flips: int, seed: int, timeout: float) -> list
     for shard_format, (clean, truth) in datasets.items():
         first = shardpack.open_reader(clean).shards
         size = (clean / first[0].name).stat().st_size
-        cases = damages(size, rng, flips)
-        for when in ("between", "during"):
-            for check in ("every", "once", "none"):
-                for row, what, damage in cases:
-                    for batched in (False, True):
-                        params = dict(format=shard_format, damage=what,
-                                      reader="batched" if batched else "per sample")
-                        label = "between epochs" if when == "between" else "during an epoch"
-                        tries.append(Try(
-                            "in-place local damage", f"{row}, {label}; {CHECK_NAMES[check]}",
-                            params, _inplace_fn(clean, truth, check, batched, when, damage,
-                                                first[0].name, first[1].name), timeout))
+        for case, params, when, check, batched, damage in damage_grid(size, rng, flips):
+            tries.append(Try("in-place local damage", case, dict(format=shard_format, **params),
+                             _inplace_fn(clean, truth, check, batched, when, damage,
+                                         first[0].name, first[1].name), timeout))
     return tries
 
 

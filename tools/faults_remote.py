@@ -15,8 +15,7 @@ from pathlib import Path
 import shardpack
 from shardpack import storage as storage_module
 
-from faults_local import (CHECK_NAMES, check_kwargs, damages, epoch_items,  # noqa: E402
-                          two_epochs)
+from faults_local import check_kwargs, damage_grid, epoch_items, two_epochs  # noqa: E402
 from faults_run import Try, cli, fork_all, read_epochs, worst  # noqa: E402
 
 FAST_RETRY = storage_module.RetryPolicy(attempts=5, base_delay=0.01, max_delay=0.05)
@@ -138,18 +137,10 @@ def cache_damage_tries(urls: dict, flips: int, seed: int, timeout: float) -> lis
     rng = random.Random(seed)
     for shard_format, (url, clean, truth) in urls.items():
         size = (clean / shardpack.open_reader(clean).shards[0].name).stat().st_size
-        cases = damages(size, rng, flips)
-        for when in ("between", "during"):
-            for check in ("every", "once", "none"):
-                for row, what, damage in cases:
-                    for batched in (False, True):
-                        params = dict(format=shard_format, damage=what,
-                                      reader="batched" if batched else "per sample")
-                        label = "between epochs" if when == "between" else "during an epoch"
-                        tries.append(Try(
-                            "cache dir", f"cached copy {row}, {label}; {CHECK_NAMES[check]}",
-                            params, _cache_damage_fn(url, truth, check, batched, when, damage),
-                            timeout))
+        for case, params, when, check, batched, damage in damage_grid(size, rng, flips):
+            tries.append(Try("cache dir", f"cached copy {case}",
+                             dict(format=shard_format, **params),
+                             _cache_damage_fn(url, truth, check, batched, when, damage), timeout))
     return tries
 
 
