@@ -1,8 +1,7 @@
 """shardpack: pack small files into large indexed shards and stream them into PyTorch training."""
 
-__version__ = "0.1.0"
-
-from .errors import (  # noqa: E402
+from shardpack.core.version import __version__
+from shardpack.core.errors import (
     BrokenImageError,
     CacheError,
     DatasetNotFoundError,
@@ -17,17 +16,18 @@ from .errors import (  # noqa: E402
     UnsafePathError,
     VersionError,
 )
-from .convert import convert  # noqa: E402
-from .export import ExportSummary, export  # noqa: E402  (pyarrow is loaded only for Parquet)
-from .merge import MergeSummary, merge  # noqa: E402
-from .mix import Source  # noqa: E402
-from .pack import PackSummary, pack  # noqa: E402
-from .reader import DatasetReader, open_reader  # noqa: E402
+from shardpack.interop.convert import convert
+from shardpack.interop.export import ExportSummary, export  # pyarrow is loaded only for Parquet
+from shardpack.write.merge import MergeSummary, merge
+from shardpack.read.mix import Source
+from shardpack.write.pack import PackSummary, pack
+from shardpack.read.reader import DatasetReader, open_reader
 
-_TORCH_API = {"CpuDecode": "decode", "DeviceLoader": "device", "Batch": "batches",
-              "ShardDataset": "dataset", "MapDataset": "dataset", "open_dataset": "dataset",
-              "BytesBatch": "batches", "Keys": "batches", "collate": "batches",
-              "pack_bytes": "batches"}
+_TORCH_API = {"CpuDecode": "transforms.decode", "DeviceLoader": "transforms.device",
+              "Batch": "loader.batches", "ShardDataset": "loader.dataset",
+              "MapDataset": "loader.dataset", "open_dataset": "loader.dataset",
+              "BytesBatch": "loader.batches", "Keys": "loader.batches",
+              "collate": "loader.batches", "pack_bytes": "loader.batches"}
 
 
 def __getattr__(name):

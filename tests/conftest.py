@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardpack import format as fmt
-from shardpack.cli import main
+from shardpack.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.errors import ShardpackError
-from shardpack.verify import LAYOUTS
+from shardpack.core.errors import ShardpackError
+from shardpack.inspect.verify import LAYOUTS
 
 READERS = ["iter", "map", "batched", "samples"]
 KINDS = ("ok", "clear error", "silent", "other exception", "hang")
@@ -333,7 +333,7 @@ def verify_says(out) -> tuple[str, str]:
     line), ('accepted', its OK line) or ('traceback', the exception or the odd output)."""
     from click.testing import CliRunner
 
-    from shardpack.cli import main
+    from shardpack.cli.main import main
 
     result = CliRunner().invoke(main, ["verify", "-q", str(out)])
     if result.exception is not None and not isinstance(result.exception, SystemExit):

@@ -25,7 +25,7 @@ Stable names (other tests import them):
   html_as_png, zeros_as_jpg, text_as_gif, truncated_jpeg, truncated_progressive_jpeg,
   jpeg_missing_eoi, jpeg_headers_only, truncated_exif_thumbnail_jpeg, truncated_png,
   png_missing_iend, truncated_webp, truncated_gif, truncated_bmp, truncated_tiff.  Every key
-  fails ``shardpack.images.check_image`` (the quick check) under its extension.
+  fails ``shardpack.images.content.check_image`` (the quick check) under its extension.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ import pytest
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.errors import SourceError
+from shardpack.core.errors import SourceError
 
-from .conftest import fake_jpeg, make_tree, reseal, run_cli, run_subprocess
+from tests.conftest import fake_jpeg, make_tree, reseal, run_cli, run_subprocess
 
 
 def assert_one_line_error(result, *needles):

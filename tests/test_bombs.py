@@ -17,11 +17,11 @@ import pytest
 from PIL import Image
 
 import shardpack
-from shardpack.errors import DecodeError, ShardpackError
-from shardpack.images import (DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV, capacity_reason,
+from shardpack.core.errors import DecodeError, ShardpackError
+from shardpack.images.content import (DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV, capacity_reason,
                               check_image_full, decode_budget, decode_rgb)
 
-from .conftest import make_tree, run_cli
+from tests.conftest import make_tree, run_cli
 
 IMAGES = Path(__file__).resolve().parent / "hostile" / "images"
 BUDGET = f"over the decode budget of {DEFAULT_MAX_PIXELS:,} pixels"
@@ -57,9 +57,9 @@ RUN = textwrap.dedent("""
     import json, resource, sys, time
     import numpy, PIL.Image, PIL.PngImagePlugin, PIL.JpegImagePlugin, PIL.GifImagePlugin
     import PIL.WebPImagePlugin, simplejpeg  # noqa: F401 - loaded before the limit
-    from shardpack.decode import CropOptions, decode_image
-    from shardpack.errors import DecodeError
-    from shardpack.images import check_image_full, decode_rgb
+    from shardpack.transforms.decode import CropOptions, decode_image
+    from shardpack.core.errors import DecodeError
+    from shardpack.images.content import check_image_full, decode_rgb
 
     def vm():
         for line in open("/proc/self/status"):
@@ -173,7 +173,7 @@ def test_the_default_budget_takes_photos_and_8k():
 
 
 def test_the_environment_variable_sets_the_budget_for_every_caller(monkeypatch):
-    from shardpack.decode import CropOptions, decode_image
+    from shardpack.transforms.decode import CropOptions, decode_image
 
     data = _png(40, 30)
     monkeypatch.setenv(MAX_PIXELS_ENV, "1_000")
@@ -193,7 +193,7 @@ def test_the_environment_variable_sets_the_budget_for_every_caller(monkeypatch):
 
 
 def test_a_bad_max_pixels_is_refused_at_once():
-    from shardpack.decode import CpuDecode
+    from shardpack.transforms.decode import CpuDecode
 
     for bad in (-1, 1.5, "64M", True):
         with pytest.raises(ShardpackError, match="max_pixels="):
@@ -255,7 +255,7 @@ def test_pack_resize_refuses_the_bomb_before_decoding(tmp_path):
 
 
 def test_verify_decode_names_every_case(bomb_ds):
-    from shardpack.verify import verify
+    from shardpack.inspect.verify import verify
 
     report = verify(bomb_ds, decode=True)
     problems = {p.key: p.reason for p in report.problems}
@@ -267,7 +267,7 @@ def test_verify_decode_names_every_case(bomb_ds):
 
 
 def test_preview_marks_the_cells(over_ds, tmp_path):
-    from shardpack.preview import PreviewOptions, preview
+    from shardpack.inspect.preview import PreviewOptions, preview
 
     summary = preview(over_ds, tmp_path / "sheet.png", PreviewOptions(n=10, first=True))
     assert summary.cells == len(OVER_BUDGET) + 2 and summary.marked == len(OVER_BUDGET)
@@ -278,7 +278,7 @@ def test_preview_marks_the_cells(over_ds, tmp_path):
 
 def test_cpu_decode_refuses_or_skips_over_budget(over_ds):
     from shardpack import ShardDataset
-    from shardpack.decode import CpuDecode
+    from shardpack.transforms.decode import CpuDecode
 
     ds = ShardDataset(over_ds, batch_size=16, batched=True, shuffle=False,
                       decode=CpuDecode(32, on_error="skip"))

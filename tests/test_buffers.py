@@ -1,4 +1,4 @@
-"""Batch buffers reused between DataLoader workers and the trainer (shardpack.buffers), and Keys."""
+"""Batch buffers reused between DataLoader workers and the trainer (loader/buffers.py), and Keys."""
 
 import copy
 import functools
@@ -17,11 +17,11 @@ from torch.utils.data._utils.collate import default_convert
 
 import shardpack
 from shardpack import ShardDataset
-from shardpack.batches import SLOT_MIN, Batch, BytesBatch, Keys
-from shardpack.buffers import SlotPool, receive
-from shardpack.errors import ShardpackError
+from shardpack.loader.batches import SLOT_MIN, Batch, BytesBatch, Keys
+from shardpack.loader.buffers import SlotPool, receive
+from shardpack.core.errors import ShardpackError
 
-from .conftest import make_tree
+from tests.conftest import make_tree
 
 
 def _payload(i: int, size: int) -> bytes:
@@ -292,7 +292,7 @@ def test_a_batch_buffer_outside_workers_asks_for_huge_pages():
     pages filling 32 MB took 8,192 page faults (most of a no-worker epoch's time,
     docs/reading.md).  Its memory must be marked for huge pages (``hg``: madvise(MADV_HUGEPAGE);
     torch's own allocator does not mark it)."""
-    from shardpack.batches import new_buffer
+    from shardpack.loader.batches import new_buffer
 
     data = new_buffer(32 << 20, shared=False)
     data.fill_(1)

@@ -14,14 +14,14 @@ import pytest
 
 import shardpack
 from shardpack import ShardDataset
-from shardpack import cache as cache_module
+from shardpack.storage import cache as cache_module
 from shardpack import format as fmt
-from shardpack.cache import CacheItem, ShardCache
-from shardpack.errors import CacheError, IntegrityError
-from shardpack.reader import DatasetReader
+from shardpack.storage.cache import CacheItem, ShardCache
+from shardpack.core.errors import CacheError, IntegrityError
+from shardpack.read.reader import DatasetReader
 
-from .conftest import make_tree, run_cli
-from .servers import fault_server, http_server  # noqa: F401
+from tests.conftest import make_tree, run_cli
+from tests.servers import fault_server, http_server  # noqa: F401
 
 N = 40
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from .conftest import make_tree, run_cli, run_subprocess
+from tests.conftest import make_tree, run_cli, run_subprocess
 
 
 @pytest.fixture
@@ -81,7 +81,8 @@ def test_help_explains(command, needle):
 
 
 @pytest.mark.parametrize("command,module,hint", [
-    ("pack", "pack", True), ("convert", "convert", True), ("verify", "verify", False),
+    ("pack", "write.pack", True), ("convert", "interop.convert", True),
+    ("verify", "inspect.verify", False),
 ])
 def test_interrupt_says_how_to_finish(command, module, hint, small_tree, tmp_path, monkeypatch):
     """Ctrl-C: one line, exit 130; a command that has --resume says to rerun with it."""
@@ -90,7 +91,7 @@ def test_interrupt_says_how_to_finish(command, module, hint, small_tree, tmp_pat
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(importlib.import_module(f"shardpack.{module}"), module, interrupted)
+    monkeypatch.setattr(importlib.import_module(f"shardpack.{module}"), command, interrupted)
     args = [small_tree] if command == "verify" else [small_tree, tmp_path / "out"]
     result = run_cli(command, *args, ok=None)
     assert result.exit_code == 130
@@ -107,7 +108,7 @@ def test_ctrl_c_during_a_real_pack_then_resume(tmp_path):
     import sys
     import time
 
-    from . import imagegen
+    from tests import imagegen
 
     data = imagegen.png("RGB", size=(160, 120))  # --check full decodes each: ~1 ms an image
     src = make_tree(tmp_path / "src", {f"a/{i:04d}.png": data for i in range(1000)})

@@ -16,13 +16,13 @@ import webdataset as wds
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.convert import convert, detect_format
-from shardpack.errors import SourceError
-from shardpack.reader import DatasetReader
+from shardpack.interop.convert import convert, detect_format
+from shardpack.core.errors import SourceError
+from shardpack.read.reader import DatasetReader
 
-from . import imagegen
-from .conftest import dataset_files, fake_jpeg, make_tree, run_cli
-from .servers import http_server, s3_server  # noqa: F401
+from tests import imagegen
+from tests.conftest import dataset_files, fake_jpeg, make_tree, run_cli
+from tests.servers import http_server, s3_server  # noqa: F401
 
 
 def _samples(n: int, seed: int = 0) -> list[dict]:
@@ -186,7 +186,7 @@ def test_remote_sources_s3_and_http(tmp_path, s3_server, http_server):
 
 
 def test_a_source_changed_after_indexing_is_refused(tmp_path, monkeypatch):
-    from shardpack.sources import webdataset as source_module
+    from shardpack.interop.sources import webdataset as source_module
 
     samples = _samples(10)
     _write_wds(tmp_path / "wds", samples, maxcount=100)

@@ -13,13 +13,13 @@ import pytest
 from PIL import Image
 
 from shardpack import format as fmt
-from shardpack.convert import convert, detect_format
-from shardpack.errors import SourceError
-from shardpack.reader import open_reader
-from shardpack.sources import parquet as parquet_source
-from shardpack.sources.parquet import ParquetSource
+from shardpack.interop.convert import convert, detect_format
+from shardpack.core.errors import SourceError
+from shardpack.read.reader import open_reader
+from shardpack.interop.sources import parquet as parquet_source
+from shardpack.interop.sources.parquet import ParquetSource
 
-from .conftest import make_tree, run_cli
+from tests.conftest import make_tree, run_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -348,8 +348,8 @@ def test_writer_reads_cells_in_small_batches_in_any_order(tmp_path, monkeypatch)
     """The shard writer decodes a row group in batches of about ParquetCells.BATCH_BYTES, walking
     forward, and still serves rows asked for out of order (it restarts the group), across row
     groups and struct columns."""
-    from shardpack.samples import SourceField
-    from shardpack.sources.parquet import ParquetCells
+    from shardpack.write.samples import SourceField
+    from shardpack.interop.sources.parquet import ParquetCells
 
     blobs = [bytes([i]) * 1000 for i in range(30)]
     pq.write_table(pa.table({"bin": blobs, "img": [{"bytes": b[:10]} for b in blobs]}),

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardpack.convert import convert, detect_format
-from shardpack.errors import SourceError
-from shardpack.reader import open_reader
-from shardpack.sources.litdata import LitDataSource
-from shardpack.sources.mds import MDSSource
+from shardpack.interop.convert import convert, detect_format
+from shardpack.core.errors import SourceError
+from shardpack.read.reader import open_reader
+from shardpack.interop.sources.litdata import LitDataSource
+from shardpack.interop.sources.mds import MDSSource
 
-from .servers import http_server, s3_server  # noqa: F401
+from tests.servers import http_server, s3_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_PY = ROOT / ".bench-venv" / "bin" / "python"

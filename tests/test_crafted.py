@@ -20,10 +20,10 @@ import pytest
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.batches import collate
-from shardpack.errors import FormatError, ShardpackError
+from shardpack.loader.batches import collate
+from shardpack.core.errors import FormatError, ShardpackError
 
-from .conftest import make_tree, run_cli, run_subprocess
+from tests.conftest import make_tree, run_cli, run_subprocess
 
 
 def _tar_record(key: str, fields: list) -> tuple[bytes, list[int]]:

@@ -11,11 +11,11 @@ from torch.utils.data import DataLoader
 
 import shardpack
 from shardpack import ShardDataset, collate, open_dataset
-from shardpack import partition as P
-from shardpack.errors import DatasetNotFoundError, FormatError, IntegrityError, VersionError
+from shardpack.order import partition as P
+from shardpack.core.errors import DatasetNotFoundError, FormatError, IntegrityError, VersionError
 
-from .conftest import make_tree
-from .stateful import assert_resumes
+from tests.conftest import make_tree
+from tests.stateful import assert_resumes
 
 N = 97  # prime: nothing divides evenly
 
@@ -239,8 +239,8 @@ def test_collate_bytes_batch():
 def test_collate_memoryviews_into_a_slot_pool():
     """The fast start's batch: fields as memoryviews (labels too), large ones copied straight
     into a leased slot of the pool, small ones joined."""
-    from shardpack.batches import INLINE_LIMIT
-    from shardpack.buffers import SlotPool
+    from shardpack.loader.batches import INLINE_LIMIT
+    from shardpack.loader.buffers import SlotPool
 
     big = [os.urandom(INLINE_LIMIT // 2 + 1), os.urandom(INLINE_LIMIT // 2 + 1)]
     samples = [{"__key__": k, "jpg": memoryview(b), "cls": memoryview(c), "txt": memoryview(t)}
@@ -346,7 +346,7 @@ def test_batched_mode_matches_sample_mode(packed, workers):
 def test_batch_pickles_small_tensors_inline():
     import pickle
 
-    from shardpack.batches import INLINE_LIMIT, Batch, BytesBatch
+    from shardpack.loader.batches import INLINE_LIMIT, Batch, BytesBatch
 
     small = torch.arange(10)
     big = torch.zeros(INLINE_LIMIT, dtype=torch.uint8)
@@ -358,7 +358,7 @@ def test_batch_pickles_small_tensors_inline():
 
 
 def test_vectorised_label_parsing():
-    from shardpack.gather import _parse_decimal
+    from shardpack.loader.gather import _parse_decimal
 
     raw = b"3" + b"12" + b"0" + b"907"
     src = np.frombuffer(raw, dtype=np.uint8)
@@ -408,7 +408,7 @@ def test_batched_reads_check_each_record(tmp_path, where):
     src = make_tree(tmp_path / "src", {f"{i}.bin": bytes([i]) * 50 for i in range(10)})
     out = tmp_path / "out"
     shardpack.pack(src, out, format="msgpack", workers=1)
-    reader = shardpack.reader.DatasetReader(out)
+    reader = shardpack.read.reader.DatasetReader(out)
     index = reader.index(0)
     row = index.keys().index("7")
     start = int(index.starts[row])
@@ -441,7 +441,7 @@ def test_state_of_a_previous_order_version(packed, version):
 
 
 def test_labels_that_int_accepts_are_parsed_once_per_stretch(tmp_path, monkeypatch):
-    from shardpack import gather
+    from shardpack.loader import gather
 
     calls = []
     parse = gather._parse_ints
@@ -472,7 +472,7 @@ def test_copies_have_their_own_epoch_and_a_pickled_reader_one_shard_list(packed)
 
 
 def test_a_process_keeps_a_bounded_number_of_indexes(packed, monkeypatch):
-    from shardpack import reader as reader_module
+    from shardpack.read import reader as reader_module
 
     monkeypatch.setattr(reader_module, "MAX_INDEXES", 2)
     ds = ShardDataset(packed, shuffle=True, seed=3, batch_size=4, batched=True)

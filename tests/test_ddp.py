@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 import shardpack
 
-from .conftest import make_tree
+from tests.conftest import make_tree
 
 
 def _free_port() -> int:

@@ -10,12 +10,12 @@ from torch.utils.data import DataLoader, IterableDataset
 
 import shardpack
 from shardpack import DeviceLoader, ShardDataset
-from shardpack.decode import (CpuDecode, CropOptions, SampleRandom, decode_image,
+from shardpack.transforms.decode import (CpuDecode, CropOptions, SampleRandom, decode_image,
                               reference_decode)
-from shardpack.errors import DecodeError
+from shardpack.core.errors import DecodeError
 
-from .conftest import make_tree
-from .stateful import assert_resumes
+from tests.conftest import make_tree
+from tests.stateful import assert_resumes
 
 
 def _photo(seed, w, h, fmt="JPEG"):
@@ -203,13 +203,13 @@ def test_gpu_decode_close_to_cpu(image_ds):
 
 
 def test_bench_command_end_to_end(image_ds, tmp_path):
-    from .conftest import run_cli
+    from tests.conftest import run_cli
 
     out = run_cli("bench", image_ds, "--batch-size", "8", "--workers", "1", "--decode", "cpu",
                   "--size", "32", "--step-ms", "1", "-q").output
     assert "samples/s" in out and "(31 samples, 4 batches" in out and "waiting" in out
     assert "undecodable  1 images" in out
-    from shardpack.unpack import unpack
+    from shardpack.interop.unpack import unpack
 
     unpacked = tmp_path / "files"
     unpack(image_ds, unpacked)
@@ -286,7 +286,7 @@ def test_decode_gives_torch_no_read_only_array():
         import numpy as np
         from PIL import Image
 
-        from shardpack.decode import CpuDecode, CropOptions, SampleRandom, decode_image
+        from shardpack.transforms.decode import CpuDecode, CropOptions, SampleRandom, decode_image
 
         warnings.simplefilter("error")
         pixels = (np.arange(40 * 4 * 3) % 251).astype(np.uint8).reshape(40, 4, 3)
@@ -311,9 +311,9 @@ def test_readme_bench_commands_run_as_written(image_ds, tmp_path, monkeypatch):
     import re
     import shlex
 
-    from shardpack.unpack import unpack
+    from shardpack.interop.unpack import unpack
 
-    from .conftest import ROOT, run_cli
+    from tests.conftest import ROOT, run_cli
 
     text = (ROOT / "README.md").read_text()
     spans = re.findall(r"`([^`\n]*--files[^`\n]*)`", text.replace("\n  ", " "))

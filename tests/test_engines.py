@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 import shardpack
-from shardpack import engine as engine_mod
+from shardpack.write import engine as engine_mod
 from shardpack import format as fmt
-from shardpack.errors import ShardpackError
-from shardpack.plan import part_of
-from shardpack.samples import Source
+from shardpack.core.errors import ShardpackError
+from shardpack.write.plan import part_of
+from shardpack.write.samples import Source
 
-from .conftest import make_tree, proc_files
-from .servers import s3_server  # noqa: F401
+from tests.conftest import make_tree, proc_files
+from tests.servers import s3_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTS = dict(shard_size="16KB", check="full", resize=24)  # many small, slowish tasks
@@ -149,7 +149,7 @@ class _Recorder(engine_mod.Engine):
 def test_tasks_in_flight_follow_the_engines_workers(tree, tmp_path, monkeypatch, reference):
     """Twice the engine's workers, not the driver's cores (2 here): 5 workers -> up to 10
     shard tasks, plus the walk's 3 (one per class folder) while they overlap."""
-    pack_mod = sys.modules["shardpack.pack"]
+    pack_mod = sys.modules["shardpack.write.pack"]
 
     made = []
 
@@ -311,7 +311,7 @@ def _from_and_to_s3(tree, tmp_path, reference, s3_server, engine: dict) -> None:
     shards = {p.rsplit("/", 1)[-1]: hashlib.md5(fs.cat_file(p)).hexdigest()
               for p in fs.ls(f"{bucket}/out") if p.endswith(".tar")}
     assert shards == {k: v for k, v in reference.items() if k.endswith(".tar")}
-    from shardpack.verify import verify
+    from shardpack.inspect.verify import verify
     assert verify(url, storage_options=options).ok
 
 
@@ -420,7 +420,7 @@ def test_parallel_walk_splits_deep_trees_and_counts_the_same(tmp_path):
 def test_a_task_error_is_the_one_line_error(engine, tmp_path, request):
     """A broken image stops the pack on a cluster as it does locally: the SourceError itself,
     one line naming the file (not the engine's wrapped traceback), nothing published."""
-    from shardpack.errors import BrokenImageError
+    from shardpack.core.errors import BrokenImageError
 
     request.getfixturevalue("dask_cluster" if engine == "dask" else "ray_local")
     address = (request.getfixturevalue("dask_cluster")[0].scheduler_address
@@ -435,7 +435,7 @@ def test_a_task_error_is_the_one_line_error(engine, tmp_path, request):
 
 
 def test_cli_part_and_engine_options(tree, tmp_path):
-    from .conftest import run_cli
+    from tests.conftest import run_cli
 
     out = run_cli("pack", tree, tmp_path / "p1", "--part", "1/2", "-q", "--workers", "1").output
     manifest = fmt.decode_manifest((tmp_path / "p1" / fmt.MANIFEST_NAME).read_bytes())
@@ -484,7 +484,7 @@ def test_remote_src_with_a_slash_markers_and_out_inside(tmp_path, monkeypatch):
 def test_one_changed_remote_file_costs_only_its_own_sample(tmp_path, monkeypatch):
     import fsspec
 
-    from shardpack import fields
+    from shardpack.write import fields
 
     url = _memory_tree("rv-changed", {f"{i:02d}.bin": bytes(10) for i in range(6)})
     real = fields.RemoteFiles.__init__
@@ -531,7 +531,7 @@ def test_no_task_of_a_failed_pack_writes_after_it(tmp_path):
     before it lets go of OUT: nothing appears in OUT after pack raised."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from shardpack import writer
+    from shardpack.write import writer
 
     src = make_tree(tmp_path / "src", {f"{i:03d}.bin": bytes(200) for i in range(40)})
     real = writer.write_shard
@@ -542,7 +542,7 @@ def test_no_task_of_a_failed_pack_writes_after_it(tmp_path):
         time.sleep(0.3)
         return real(task, *args)
 
-    pack_mod = sys.modules["shardpack.pack"]
+    pack_mod = sys.modules["shardpack.write.pack"]
     original = pack_mod.write_shard
     pack_mod.write_shard = slow
     try:
@@ -562,7 +562,7 @@ def test_a_dead_walk_task_is_one_line_and_marks_the_run_failed(tree, tmp_path):
     def die(*_):
         os._exit(3)
 
-    from shardpack import samples as samples_mod
+    from shardpack.write import samples as samples_mod
 
     with ProcessPoolExecutor(2) as pool:
         real = samples_mod.walk_unit

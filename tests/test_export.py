@@ -14,16 +14,16 @@ import pytest
 from PIL import Image
 
 from shardpack import format as fmt
-from shardpack.convert import convert
-from shardpack.errors import ShardpackError
-from shardpack.export import MARKER_NAME, export
-from shardpack.pack import pack
-from shardpack.reader import DatasetReader, open_reader
+from shardpack.interop.convert import convert
+from shardpack.core.errors import ShardpackError
+from shardpack.interop.export import MARKER_NAME, export
+from shardpack.write.pack import pack
+from shardpack.read.reader import DatasetReader, open_reader
 
-from .conftest import make_tree, read_tree, run_cli
+from tests.conftest import make_tree, read_tree, run_cli
 
 # the module: shardpack.export is the function
-export_module = importlib.import_module("shardpack.export")
+export_module = importlib.import_module("shardpack.interop.export")
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardpack import format as fmt
-from shardpack.errors import FormatError, IntegrityError, VersionError
+from shardpack.core.errors import FormatError, IntegrityError, VersionError
 
 
 @pytest.mark.parametrize("name", [

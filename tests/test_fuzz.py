@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardpack import format as fmt
-from shardpack.errors import FormatError
-from shardpack.reader import record_payload
+from shardpack.core.errors import FormatError
+from shardpack.read.reader import record_payload
 
 FUZZ = settings(max_examples=400, deadline=2000,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -167,7 +167,7 @@ def test_huge_claims_fail_under_a_memory_limit():
 import resource, json, struct, xxhash
 resource.setrlimit(resource.RLIMIT_AS, ({limit} + 1_500_000_000, {hard}))
 from shardpack import format as fmt
-from shardpack.errors import FormatError
+from shardpack.core.errors import FormatError
 import tests.test_fuzz as t
 m = t._manifest(); m["shards"][0]["samples"] = 300_000_000
 try:

@@ -12,15 +12,15 @@ from torch.utils.data import DataLoader
 
 import shardpack
 from shardpack import DeviceLoader, ShardDataset
-from shardpack.batches import BytesBatch
-from shardpack.decode import CpuDecode, CropOptions, SampleRandom, decode_image
-from shardpack.errors import DecodeError, DeviceError
-from shardpack.gpudecode import (NVJPEG_STATUS, GpuDecoder, Route, batch_epoch,
+from shardpack.loader.batches import BytesBatch
+from shardpack.transforms.decode import CpuDecode, CropOptions, SampleRandom, decode_image
+from shardpack.core.errors import DecodeError, DeviceError
+from shardpack.transforms.gpudecode import (NVJPEG_STATUS, GpuDecoder, Route, batch_epoch,
                                  check_torchvision, decode_chunks, is_fatal, nvjpeg_statuses,
                                  plan_chunks, probe, resolve_device, route, standin_backend)
 
-from .conftest import make_tree, run_cli
-from .imagegen import ramp_photo
+from tests.conftest import make_tree, run_cli
+from tests.imagegen import ramp_photo
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -392,7 +392,7 @@ class _FakeStream:
 
 
 def test_gpu_clock_counts_idle_between_steps_and_epoch_starts_apart():
-    from shardpack.device import STATS, _GpuClock
+    from shardpack.transforms.device import STATS, _GpuClock
 
     stats = {name: 0.0 if name.endswith("_s") else 0 for name in STATS}
     clock, stream = _GpuClock(stats, events=_FakeEvent), _FakeStream()
@@ -483,7 +483,7 @@ def test_batches_carry_the_epoch_the_workers_used(small_ds):
 # -- moving every kind of batch -------------------------------------------------------------------
 
 def test_lists_tuples_and_nested_batches_move_to_the_device():
-    from shardpack.device import _move  # noqa: PLC2701 - the module's own helper, under test
+    from shardpack.transforms.device import _move  # noqa: PLC2701 - the module's own helper, under test
 
     meta = torch.device("meta")
     batch = ([torch.ones(2)], (torch.zeros(3), {"x": torch.ones(1)}),

@@ -5,7 +5,7 @@ import os
 import pickle
 import time
 
-from shardpack.headstart import HeadStart
+from shardpack.loader.headstart import HeadStart
 
 
 def test_worker_waits_for_worker_0_and_never_longer_than_the_limit():

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardpack import format as fmt
-from shardpack.convert import convert
-from shardpack.errors import FormatError, SourceError
-from shardpack.sources import common
-from shardpack.sources.litdata_json import to_json
+from shardpack.interop.convert import convert
+from shardpack.core.errors import FormatError, SourceError
+from shardpack.interop.sources import common
+from shardpack.interop.sources.litdata_json import to_json
 
-from .conftest import run_subprocess
+from tests.conftest import run_subprocess
 
 SOURCES = Path(__file__).resolve().parent / "hostile" / "sources"
 
@@ -100,9 +100,10 @@ def test_cli_one_line_exit_2(case, tmp_path):
 API_RUN = textwrap.dedent("""
     import json, resource, sys, tempfile, traceback
     import numpy, PIL.Image, PIL.PngImagePlugin, zstandard  # noqa: F401 - before the limit
-    import shardpack.sources.litdata, shardpack.sources.mds, shardpack.sources.webdataset
-    from shardpack.convert import convert
-    from shardpack.errors import ShardpackError
+    import shardpack.interop.sources.litdata, shardpack.interop.sources.mds  # noqa: F401
+    import shardpack.interop.sources.webdataset  # noqa: F401
+    from shardpack.interop.convert import convert
+    from shardpack.core.errors import ShardpackError
 
     def vm():
         for line in open("/proc/self/status"):
@@ -295,7 +296,7 @@ def test_fuzz_pil_cell(width, height, mode, pixels):
 
 
 def test_compressed_tar_member_over_the_memory_cap_is_refused(tmp_path, monkeypatch):
-    from shardpack.sources import webdataset as wds_source
+    from shardpack.interop.sources import webdataset as wds_source
 
     src = tmp_path / "big.tar.gz"
     with tarfile.open(src, "w:gz") as tf:

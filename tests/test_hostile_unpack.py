@@ -11,9 +11,9 @@ import pytest
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.unpack import remove_tree
+from shardpack.interop.unpack import remove_tree
 
-from .conftest import fake_jpeg, make_tree, reseal, run_cli
+from tests.conftest import fake_jpeg, make_tree, reseal, run_cli
 
 
 def _pack(tmp_path: Path, keys, name: str = "ds", format: str = "tar") -> Path:

@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardpack import headers, images
-from shardpack.decode import CropOptions, SampleRandom, decode_image, reference_decode
-from shardpack.errors import DecodeError, SourceError
-from shardpack.images import check_image, check_image_full, decode_rgb, image_format, sniff
-from shardpack.resize import resize_image
+from shardpack.images import headers
 
-from . import imagegen as gen
+from shardpack.images import content as images
+from shardpack.transforms.decode import CropOptions, SampleRandom, decode_image, reference_decode
+from shardpack.core.errors import DecodeError, SourceError
+from shardpack.images.content import check_image, check_image_full, decode_rgb, image_format, sniff
+from shardpack.write.resize import resize_image
+
+from tests import imagegen as gen
 
 VALID = sorted(gen.ALL_VALID)
 BROKEN = sorted(gen.ALL_BROKEN)
@@ -304,7 +306,8 @@ def test_decompression_bomb_limit_is_a_decode_error(monkeypatch):
     assert decode_rgb(gen.jpeg()).shape == (30, 40, 3)
 
 
-# --- decode_image and reference_decode (shardpack.decode) ----------------------------------------
+# --- decode_image and reference_decode (shardpack.transforms.decode)
+# ----------------------------------------
 
 @pytest.mark.parametrize("train", [True, False])
 @pytest.mark.parametrize("name", VALID)

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 import shardpack
-from shardpack.errors import FormatError, IntegrityError, ShardpackError
+from shardpack.core.errors import FormatError, IntegrityError, ShardpackError
 
-from .conftest import ROOT, fake_jpeg, make_tree, run_subprocess
-from .faults import time_limit
-from .servers import http_server  # noqa: F401
+from tests.conftest import ROOT, fake_jpeg, make_tree, run_subprocess
+from tests.faults import time_limit
+from tests.servers import http_server  # noqa: F401
 
 N = 24
 PER_SHARD = 12
@@ -51,7 +51,7 @@ def _shard_file(out: Path, shard: int = 0) -> Path:
 SCRIPT = textwrap.dedent('''
     import json, os, sys
     import shardpack
-    from shardpack.errors import ShardpackError
+    from shardpack.core.errors import ShardpackError
 
     def items(ds, how):
         """(key, jpg bytes) of one epoch."""

@@ -18,10 +18,10 @@ import pytest
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.errors import ShardpackError
+from shardpack.core.errors import ShardpackError
 
-from .conftest import fake_jpeg, make_tree, run_cli
-from .faults import READERS, Outcome, manifest_edits, outcome, read_shardpack, sweep
+from tests.conftest import fake_jpeg, make_tree, run_cli
+from tests.faults import READERS, Outcome, manifest_edits, outcome, read_shardpack, sweep
 
 N = 24
 

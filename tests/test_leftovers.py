@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import shardpack
-from shardpack.export import export
-from shardpack.unpack import WORK_OWNER, WORK_TREE, owner_record, remove_stale, unpack
+from shardpack.interop.export import export
+from shardpack.interop.unpack import WORK_OWNER, WORK_TREE, owner_record, remove_stale, unpack
 
-from .conftest import ROOT, fake_jpeg, make_tree, read_tree, run_cli
+from tests.conftest import ROOT, fake_jpeg, make_tree, read_tree, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_a_refused_rerun_still_removes_stale_trees(ds, tmp_path, command):
 def test_removing_a_work_folder_keeps_its_record_to_the_last(tmp_path):
     """A kill while a work folder is removed must leave one the next run can judge: the trees
     go first, the owner record last."""
-    from shardpack.unpack import WORK_OLD, remove_work
+    from shardpack.interop.unpack import WORK_OLD, remove_work
 
     out = tmp_path / "out"
     work = _work(out.parent / "x" / "out", "1-0000000e", owner_record(), files=2)
@@ -133,7 +133,7 @@ def test_removing_a_work_folder_keeps_its_record_to_the_last(tmp_path):
         order.append(os.path.basename(path))
         return real_unlink(path, *a, **kw)
 
-    import shardpack.unpack as unpack_module
+    import shardpack.interop.unpack as unpack_module
 
     saved = unpack_module.os.unlink
     unpack_module.os.unlink = unlink
@@ -148,7 +148,7 @@ def test_a_folder_without_its_record_is_judged_by_its_name(ds, tmp_path):
     """A kill between making the work folder and writing its record (or while a run removes
     it) leaves no owner.json: the name carries the owner's pid, start time and boot, so the
     next run removes it at once when that process is gone, never when it lives."""
-    from shardpack.unpack import _name_tag
+    from shardpack.interop.unpack import _name_tag
 
     dataset, files = ds
     out = tmp_path / "out"
@@ -169,8 +169,8 @@ def test_a_folder_without_its_record_is_judged_by_its_name(ds, tmp_path):
 
 KILLED = textwrap.dedent("""
     import os, sys, time
-    import shardpack.unpack as u
-    from shardpack.export import export
+    import shardpack.interop.unpack as u
+    from shardpack.interop.export import export
 
     how, dataset, out, flag = sys.argv[1:5]
 

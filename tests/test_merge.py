@@ -11,13 +11,13 @@ import pytest
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.errors import DatasetNotFoundError, FormatError, PackError, ShardpackError
+from shardpack.core.errors import DatasetNotFoundError, FormatError, PackError, ShardpackError
 from shardpack.storage import Storage
-from shardpack.verify import verify
+from shardpack.inspect.verify import verify
 
-from .conftest import dataset_files, fake_jpeg, make_tree, run_cli
+from tests.conftest import dataset_files, fake_jpeg, make_tree, run_cli
 
-merge_module = importlib.import_module("shardpack.merge")  # shardpack.merge is the function
+merge_module = importlib.import_module("shardpack.write.merge")  # shardpack.merge is the function
 
 
 def image_tree(root, start, n=3, classes=("cat", "dog"), extra=None):

@@ -12,10 +12,10 @@ import pytest
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.errors import BrokenImageError, SourceError
+from shardpack.core.errors import BrokenImageError, SourceError
 
-from . import imagegen
-from .conftest import ROOT, read_tree, run_cli
+from tests import imagegen
+from tests.conftest import ROOT, read_tree, run_cli
 
 CLASSES = ["n01440764", "n01443537"]
 
@@ -280,7 +280,7 @@ def test_full_check_and_verify_decode_catch_a_corrupt_but_complete_image(tmp_pat
     check passes) but does not decode: the full check and verify --decode name it."""
     import struct
 
-    from shardpack.images import check_image
+    from shardpack.images.content import check_image
 
     good = valid_bytes("png_rgb")
     corrupt = bytearray(good)
@@ -415,8 +415,8 @@ def test_train_example_on_mixed_formats(mixed_ds, tmp_path):
 
 
 def test_field_census_counts_dotted_names_only():
-    from shardpack.plan import FieldCensus
-    from shardpack.samples import SourceField, SourceSample
+    from shardpack.write.plan import FieldCensus
+    from shardpack.write.samples import SourceField, SourceSample
 
     def sample(key, *names):
         return SourceSample(key, tuple(SourceField(n, "/x", 1, 0) for n in names))
@@ -448,7 +448,7 @@ def test_decode_picks_the_primary_image_of_a_webdataset_sample(tmp_path):
     (batch,) = list(ds)
     assert not batch["__bad__"].any() and "jpg" not in batch
     assert bytes(batch["seg.png"].item(0)) == valid_bytes("png_palette")  # left for the user
-    from shardpack.decode import CropOptions, decode_image
+    from shardpack.transforms.decode import CropOptions, decode_image
 
     want = decode_image(valid_bytes("jpeg_rgb"), CropOptions(16, train=False))
     assert (batch["image"][0].numpy() == want).all()  # the jpg, not the segmentation map
@@ -517,9 +517,9 @@ class _Bar:
 def test_progress_moves_with_files_inside_a_shard(tmp_path, monkeypatch, workers):
     import importlib
 
-    from shardpack import writer
+    from shardpack.write import writer
 
-    pack_module = importlib.import_module("shardpack.pack")
+    pack_module = importlib.import_module("shardpack.write.pack")
 
     src = tmp_path / "src" / "c"
     src.mkdir(parents=True)

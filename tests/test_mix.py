@@ -15,13 +15,13 @@ from torch.utils.data import DataLoader
 
 import shardpack
 from shardpack import ShardDataset
-from shardpack import partition as P
-from shardpack.batches import collate
-from shardpack.mix import Source
+from shardpack.order import partition as P
+from shardpack.loader.batches import collate
+from shardpack.read.mix import Source
 
-from .conftest import make_tree
-from .servers import http_server  # noqa: F401
-from .stateful import assert_resumes
+from tests.conftest import make_tree
+from tests.servers import http_server  # noqa: F401
+from tests.stateful import assert_resumes
 
 
 def _shapes(seed):
@@ -415,7 +415,7 @@ def test_remote_source_beside_a_local_one(two, http_server, tmp_path):  # noqa: 
 
 
 def test_decode_and_device_loader_on_a_mixture(tmp_path):
-    from .imagegen import ramp_photo as _photo
+    from tests.imagegen import ramp_photo as _photo
 
     a = make_tree(tmp_path / "a", {f"c{i % 2}/{i:02d}.jpg": _photo(i, 80, 60) for i in range(12)})
     b = make_tree(tmp_path / "b", {f"c{i % 2}/{i:02d}.PNG": _photo(i, 64, 48, "PNG")
@@ -433,7 +433,7 @@ def test_decode_and_device_loader_on_a_mixture(tmp_path):
 
 
 def test_bench_command_takes_a_mixture(two):
-    from .conftest import run_cli
+    from tests.conftest import run_cli
 
     a, b = two
     out = run_cli("bench", a, b, "--weights", "1,3", "--epoch-size", "40", "--batch-size", "8",

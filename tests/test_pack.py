@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardpack
-from shardpack.reader import DatasetReader
-from shardpack.unpack import unpack
+from shardpack.read.reader import DatasetReader
+from shardpack.interop.unpack import unpack
 
-from .conftest import dataset_files, make_tree, read_tree
+from tests.conftest import dataset_files, make_tree, read_tree
 
 MODES = [("tar", "none"), ("msgpack", "none"), ("msgpack", "zstd")]
 
@@ -206,10 +206,10 @@ def test_tar_member_names_follow_webdataset_convention(tmp_path):
 
 
 def test_readahead_hints_the_next_files_in_order_within_bounds(tmp_path, monkeypatch):
-    from shardpack import fields
-    from shardpack.errors import SourceError
-    from shardpack.plan import PackOptions, ShardTask
-    from shardpack.samples import SourceSample, file_field, value_field
+    from shardpack.write import fields
+    from shardpack.core.errors import SourceError
+    from shardpack.write.plan import PackOptions, ShardTask
+    from shardpack.write.samples import SourceSample, file_field, value_field
 
     paths = []
     for i in range(10):

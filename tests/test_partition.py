@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from shardpack import partition as P
+from shardpack.order import partition as P
 
 PRIMES = [1, 2, 7, 13, 101, 997]
 

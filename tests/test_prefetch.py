@@ -4,7 +4,7 @@ what the reader reports (plus `ahead` positions and `depth` units)."""
 import threading
 import time
 
-from shardpack.prefetch import Prefetcher
+from shardpack.read.prefetch import Prefetcher
 
 
 class Recorder:

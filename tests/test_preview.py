@@ -16,14 +16,14 @@ from PIL import Image
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.errors import ShardpackError
-from shardpack.preview import BORDER, PreviewOptions, layout, preview
-from shardpack.reader import DatasetReader
-from shardpack.stats import StatsOptions, dataset_stats
+from shardpack.core.errors import ShardpackError
+from shardpack.inspect.preview import BORDER, PreviewOptions, layout, preview
+from shardpack.read.reader import DatasetReader
+from shardpack.inspect.stats import StatsOptions, dataset_stats
 
-from .conftest import fake_jpeg, make_tree, run_cli
-from .imagegen import ramp_photo as _photo
-from .servers import http_server  # noqa: F401
+from tests.conftest import fake_jpeg, make_tree, run_cli
+from tests.imagegen import ramp_photo as _photo
+from tests.servers import http_server  # noqa: F401
 
 SIZES = [(160, 120), (120, 160), (200, 100), (90, 90), (150, 110)]
 CLASSES = {"ant": 5, "bee": 3, "cow": 2}
@@ -313,7 +313,7 @@ def test_long_headers_unreadable_ones_and_the_image_field_rule(tmp_path, http_se
 
 
 def test_timeline_rates_and_waits():
-    from shardpack.bench import Timeline
+    from shardpack.inspect.bench import Timeline
 
     line = Timeline()
     for i, wait in enumerate([0.5, 0.01, 0.03, 0.02]):
@@ -340,7 +340,8 @@ def test_a_truncated_shard_is_one_line_not_a_traceback(tmp_path):
 def test_a_big_photo_is_shown_at_its_own_size_from_a_reduced_decode(tmp_path, monkeypatch):
     """A 1600x1200 JPEG is decoded at a DCT scale that still covers the cell (not in full),
     and the page shows the header's size, not the decoded one."""
-    from shardpack import images, preview as preview_mod
+    from shardpack.images import content as images
+    from shardpack.inspect import preview as preview_mod
 
     src = make_tree(tmp_path / "src", {"cat/big.jpg": _photo(7, 1600, 1200, "JPEG")})
     shardpack.pack(src, tmp_path / "ds", workers=1)

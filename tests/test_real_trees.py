@@ -12,10 +12,10 @@ import pytest
 
 import shardpack
 from shardpack import format as fmt
-from shardpack.errors import SourceError
+from shardpack.core.errors import SourceError
 
-from . import imagegen
-from .conftest import run_cli
+from tests import imagegen
+from tests.conftest import run_cli
 
 JPEG = imagegen.ALL_VALID["jpeg_rgb"][0]
 PNG = imagegen.ALL_VALID["png_rgb"][0]
@@ -280,7 +280,7 @@ def test_resumed_shards_keep_their_skips_named(tmp_path):
     (out / fmt.SKIPS_NAME).unlink()
     (out / ".shardpack-pack.json").write_text(json.dumps({
         "shardpack": shardpack.__version__, "source": str(src),
-        "options": shardpack.plan.PackOptions(skip_bad=True, max_samples=3).as_dict()}))
+        "options": shardpack.write.plan.PackOptions(skip_bad=True, max_samples=3).as_dict()}))
     summary = shardpack.pack(src, out, workers=1, skip_bad=True, max_samples=3, resume=True)
     assert summary.reused_shards == manifest["num_shards"]
     again = sorted(json.loads(line)["path"]

@@ -14,14 +14,14 @@ import pytest
 import shardpack
 from shardpack import ShardDataset, open_dataset
 from shardpack import format as fmt
-from shardpack import cache as cache_module
-from shardpack.cache import CacheItem, ShardCache
-from shardpack.errors import DatasetNotFoundError, IntegrityError, RemoteError
-from shardpack.reader import DatasetReader
+from shardpack.storage import cache as cache_module
+from shardpack.storage.cache import CacheItem, ShardCache
+from shardpack.core.errors import DatasetNotFoundError, IntegrityError, RemoteError
+from shardpack.read.reader import DatasetReader
 from shardpack.storage import RetryPolicy, Storage
 
-from .conftest import make_tree, run_cli
-from .servers import delay_proxy, fault_server, http_server, s3_server  # noqa: F401
+from tests.conftest import make_tree, run_cli
+from tests.servers import delay_proxy, fault_server, http_server, s3_server  # noqa: F401
 
 N = 60
 
@@ -244,7 +244,7 @@ def test_verified_stamp_spares_the_rehash_until_the_file_or_boot_changes(
     """A cache file hashed once in this boot carries a stamp: another process (here a fresh
     reader) trusts it without reading it again; a changed file or another boot id means a
     re-hash, and a corrupt file is still caught and fetched again."""
-    from shardpack import cache as cache_mod
+    from shardpack.storage import cache as cache_mod
 
     server = http_server(local_ds)
     cache = tmp_path / "cache"
@@ -279,7 +279,7 @@ def test_a_file_written_within_the_timestamp_tick_is_not_stamped(tmp_path):
     """The kernel's mtime is coarse: a stamp taken right after a write could survive another
     write in the same tick.  Such a file is not stamped; the download's own file is, with its
     mtime set back a second so any later write moves it."""
-    from shardpack import cache as cache_mod
+    from shardpack.storage import cache as cache_mod
 
     if not cache_mod._BOOT_ID:
         pytest.skip("no boot id: no stamps on this system")
@@ -427,7 +427,7 @@ def test_fast_start_bad_piece_falls_back_to_whole_shards(local_ds, http_server, 
                                                           monkeypatch):
     """A ranged read that fails its sample hash is an error naming the shard; the dataset then
     reads the usual way (whole verified shards) and yields every sample."""
-    from shardpack import reader as reader_mod
+    from shardpack.read import reader as reader_mod
 
     server = http_server(local_ds)
     expected = _expected(local_ds)  # read before sample hashes are broken below
@@ -525,7 +525,7 @@ def test_whole_file_download_faults(local_ds, fault_server, monkeypatch, tmp_pat
     reset mid-body are retried and end byte-exact; 404 is one request and names the URL; a
     remote file larger than the manifest says is an IntegrityError, not retried; a local write
     failure is a CacheError naming the local path, not blamed on the remote."""
-    from shardpack.errors import CacheError
+    from shardpack.core.errors import CacheError
 
     _fast_retry(monkeypatch)
     name = "shard-00003.tar"

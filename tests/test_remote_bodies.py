@@ -15,13 +15,13 @@ import shardpack
 from shardpack import ShardDataset
 from shardpack import format as fmt
 from shardpack import storage as storage_module
-from shardpack.errors import FormatError, IntegrityError, RemoteError
-from shardpack.reader import DatasetReader
+from shardpack.core.errors import FormatError, IntegrityError, RemoteError
+from shardpack.read.reader import DatasetReader
 from shardpack.storage import (BadResponseError, RetryPolicy, Storage, StorageOptionError,
                                _local_path, _same_host)
 
-from .conftest import make_tree, run_cli
-from .servers import FaultServer
+from tests.conftest import make_tree, run_cli
+from tests.servers import FaultServer
 
 N = 60
 SHARD = "shard-00001.tar"
@@ -108,7 +108,7 @@ def test_206_for_another_range_is_cut_by_its_content_range(local_ds, truth, serv
     range: it is cut out by its Content-Range.  It used to pass for a server that ignored Range
     (the whole file), so the wrong bytes came back: a corrupt shard, or with trust_storage
     wrong samples."""
-    monkeypatch.setattr(shardpack.access, "CHUNK_BYTES", 4096)  # ranges that start mid-shard
+    monkeypatch.setattr(shardpack.read.access, "CHUNK_BYTES", 4096)  # ranges that start mid-shard
     server = serve(local_ds, content_range=how, only=["*.tar"])
     assert _read_all(server.url, trust_storage=True) == truth
     data = (local_ds / SHARD).read_bytes()
@@ -259,7 +259,7 @@ def test_redirect_to_another_host_is_refused(local_ds, truth, serve, tmp_path):
     assert other.requests_for("shardpack.json") == 1
     # from the command line "-o follow_redirects_to_other_hosts=False" is the string 'False':
     # refused in one line, never read as yes
-    from shardpack.cli import _parse_options
+    from shardpack.cli.main import _parse_options
     from shardpack.storage import StorageOptionError
 
     for text in ("False", "no", "0"):

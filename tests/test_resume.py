@@ -11,7 +11,7 @@ import pytest
 import shardpack
 from shardpack import format as fmt
 
-from .conftest import dataset_files, fake_jpeg, make_tree, run_cli
+from tests.conftest import dataset_files, fake_jpeg, make_tree, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,12 @@ import pytest
 from PIL import Image
 
 import shardpack
-from shardpack import stats as stats_mod
-from shardpack.errors import DecodeError
-from shardpack.headers import HeaderShort, header_info, read_header
-from shardpack.images import decode_rgb
+from shardpack.inspect import stats as stats_mod
+from shardpack.core.errors import DecodeError
+from shardpack.images.headers import HeaderShort, header_info, read_header
+from shardpack.images.content import decode_rgb
 
-from .conftest import make_tree, run_cli
+from tests.conftest import make_tree, run_cli
 
 # -- file shapes ----------------------------------------------------------------------------------
 
@@ -362,8 +362,8 @@ def _split_count(out: str):
 
 
 def test_stats_sizes_match_pillow_per_image(packed):
-    from shardpack.reader import DatasetReader
-    from shardpack.stats import StatsOptions, dataset_stats
+    from shardpack.read.reader import DatasetReader
+    from shardpack.inspect.stats import StatsOptions, dataset_stats
 
     ds, sizes = packed
     im = dataset_stats(DatasetReader(ds), StatsOptions()).images
@@ -389,7 +389,7 @@ def test_class_counts_add_up_with_unlabelled_and_unreadable_samples(tmp_path):
     """Labels read from whole samples: one sample has no label, one fails its hash.  The
     heading says all samples were looked at (not "a random 12 of 13"), and the count line
     accounts for every one; the image sizes count the unreadable sample too."""
-    from shardpack.reader import DatasetReader
+    from shardpack.read.reader import DatasetReader
 
     files = {}
     for i in range(12):

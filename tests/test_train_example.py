@@ -15,7 +15,7 @@ import pytest
 
 import shardpack
 
-from .conftest import ROOT, proc_files
+from tests.conftest import ROOT, proc_files
 
 
 def _port() -> int:

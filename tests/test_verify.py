@@ -9,7 +9,7 @@ import pytest
 import shardpack
 from shardpack import format as fmt
 
-from .conftest import fake_jpeg, make_tree, reseal, run_cli
+from tests.conftest import fake_jpeg, make_tree, reseal, run_cli
 
 MODES = [("tar", "none"), ("msgpack", "none"), ("msgpack", "zstd")]
 
@@ -104,8 +104,8 @@ def test_structural_checks_catch_resealed_tampering(dataset):
 
 
 def test_reader_checks_crc_on_read(tmp_path):
-    from shardpack.errors import IntegrityError
-    from shardpack.reader import DatasetReader
+    from shardpack.core.errors import IntegrityError
+    from shardpack.read.reader import DatasetReader
 
     src = make_tree(tmp_path / "src", {"a.bin": b"x" * 1000})
     out = tmp_path / "out"
@@ -163,7 +163,7 @@ def _edit(out, change) -> dict:
 
 def _reader_refuses(out, needle: str) -> None:
     """Every reader refuses it (decode_manifest), and verify, info and ls say so in one line."""
-    from shardpack.errors import FormatError
+    from shardpack.core.errors import FormatError
 
     with pytest.raises(FormatError, match=needle):
         shardpack.open_reader(out)
@@ -235,7 +235,7 @@ def test_the_labels_are_read_whatever_the_class_list_holds(tmp_path):
     them for [], a falsy list, which readers now refuse before verify looks): an ImageFolder
     pack of one class, renamed."""
     out = _folders(tmp_path, classes=("only",))
-    from shardpack.verify import verify
+    from shardpack.inspect.verify import verify
 
     _edit(out, lambda m: m.update(classes=["other"]))
     report = verify(out)
@@ -275,7 +275,7 @@ def test_a_converted_class_list_is_not_a_folder_list(tmp_path):
     """parquet --label-column: the classes are label values, not key prefixes (the keys are row
     positions), and a label may be -1 or lie outside the list: verify accepts it."""
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
-    from shardpack.convert import convert
+    from shardpack.interop.convert import convert
 
     src = tmp_path / "src.parquet"
     pq.write_table(pa.table({"bin": [b"a", b"b", b"c"], "species": ["emu", "cat", "emu"]}), src)
@@ -430,7 +430,7 @@ def test_valid_preprocessing_and_counts_are_read(tmp_path):
 def test_version_must_be_an_integer(tmp_path, version):
     out = _folders(tmp_path)
     _edit(out, lambda m: m.update(version=version))
-    from shardpack.errors import VersionError
+    from shardpack.core.errors import VersionError
 
     with pytest.raises(VersionError, match=rf"expected one of \(1, 2\), found {version!r}"):
         shardpack.open_reader(out)

@@ -34,7 +34,7 @@ def child(case: str, url: str, cache: str | None) -> float:
     import shardpack
 
     if case == "preview":  # a 64-cell contact sheet (shardpack preview), cells per second
-        from shardpack.preview import PreviewOptions, preview
+        from shardpack.inspect.preview import PreviewOptions, preview
 
         out = Path(tempfile.mkdtemp()) / "sheet.png"
         summary = preview(url, out, PreviewOptions(n=64, seed=1))

@@ -63,7 +63,7 @@ def memory_rates(ds: Path, reps: int = 3) -> tuple[float, float]:
     import mmap
 
     from shardpack import format as fmt
-    from shardpack.reader import DatasetReader
+    from shardpack.read.reader import DatasetReader
 
     reader = DatasetReader(str(ds))
     index = reader.index(0)

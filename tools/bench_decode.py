@@ -37,9 +37,9 @@ def ceiling(path):
     import multiprocessing as mp
 
     import shardpack
-    from shardpack.batches import Batch
-    from shardpack.gather import gather_batch
-    from shardpack.buffers import SlotPool
+    from shardpack.loader.batches import Batch
+    from shardpack.loader.gather import gather_batch
+    from shardpack.loader.buffers import SlotPool
 
     ds = shardpack.ShardDataset(path, batch_size=BATCH, batched=True, shuffle=True)
     share = ds._share(ds._placement(), 0, [])

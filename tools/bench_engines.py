@@ -44,7 +44,7 @@ def pack_once(src: str, engine: str, out: Path, address: str | None = None
 
 
 def walk_rate(src: str, runner=None, storage_options=None) -> tuple[float, int]:
-    from shardpack.samples import Source
+    from shardpack.write.samples import Source
 
     t = time.perf_counter()
     source = Source(src, storage_options=storage_options)
@@ -129,7 +129,7 @@ def running(src: str, reps: int, out: Path) -> None:
 def walks(src: str, reps: int) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
-    from shardpack.engine import DaskEngine, ExecutorEngine
+    from shardpack.write.engine import DaskEngine, ExecutorEngine
     from tests.servers import DelayProxy, S3Server
 
     rows = []

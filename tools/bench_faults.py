@@ -203,12 +203,12 @@ def preload() -> None:
     import PIL.Image  # noqa: F401
     import torch.utils.data  # noqa: F401
 
-    import shardpack.cli  # noqa: F401
-    import shardpack.dataset  # noqa: F401
-    import shardpack.decode  # noqa: F401
-    import shardpack.export  # noqa: F401
-    import shardpack.preview  # noqa: F401
-    import shardpack.unpack  # noqa: F401
+    import shardpack.cli.main  # noqa: F401
+    import shardpack.loader.dataset  # noqa: F401
+    import shardpack.transforms.decode  # noqa: F401
+    import shardpack.interop.export  # noqa: F401
+    import shardpack.inspect.preview  # noqa: F401
+    import shardpack.interop.unpack  # noqa: F401
     import tests.servers  # noqa: F401
     import tests.test_crafted  # noqa: F401
 

@@ -182,7 +182,7 @@ def per_call(fn, datas, field, runs):
 
 def part_checks(args, src, trees):
     sys.path[:0] = [trees["after"], ROOT]  # the snapshot's shardpack; ROOT for tests.imagegen
-    from shardpack import images as im
+    from shardpack.images import content as im
     from tests import imagegen
     if not im.__file__.startswith(trees["after"] + os.sep):
         raise SystemExit(f"shardpack.images imported from {im.__file__}, not the snapshot")

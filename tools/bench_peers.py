@@ -204,8 +204,9 @@ def load_dali(path, decode):
     return batches(), lambda b: b[1]
 
 
-IMPORTS = {"shardpack-tar": ["shardpack.dataset", "shardpack.decode"], "files": ["PIL.Image"],
-           "shardpack-msgpack": ["shardpack.dataset", "shardpack.decode"], "webdataset":
+_SHARDPACK = ["shardpack.loader.dataset", "shardpack.transforms.decode"]
+IMPORTS = {"shardpack-tar": _SHARDPACK, "files": ["PIL.Image"], "shardpack-msgpack": _SHARDPACK,
+           "webdataset":
            ["webdataset", "PIL.Image"], "mds": ["streaming.base", "PIL.Image"],
            "litdata": ["litdata", "PIL.Image"], "ffcv": ["ffcv.loader", "ffcv.transforms"],
            "dali": ["nvidia.dali", "nvidia.dali.fn"]}

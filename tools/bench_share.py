@@ -37,7 +37,7 @@ DATA = "/dev/shm/shardpack-share"
 def _share_case(n: int, spans: int, how: str) -> dict:
     import numpy as np
 
-    from shardpack import partition as P
+    from shardpack.order import partition as P
 
     sizes = [SHARD] * (n // SHARD) + ([n % SHARD] if n % SHARD else [])
     t0 = time.perf_counter()
@@ -65,7 +65,7 @@ def _sub(args: list[str]) -> dict:
 def _manifest_case() -> dict:
     """A manifest of 100,000 shards (fake hashes: only the manifest is read)."""
     from shardpack import format as fmt
-    from shardpack.reader import DatasetReader
+    from shardpack.read.reader import DatasetReader
 
     folder = os.path.join(DATA, "manifest-100k")
     path = os.path.join(folder, fmt.MANIFEST_NAME)

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import shardpack
-from shardpack.errors import ShardpackError
+from shardpack.core.errors import ShardpackError
 
 from faults_local import epoch_items  # noqa: E402
 from faults_run import Try, call, clear, cli, other, read_epochs  # noqa: E402
@@ -257,7 +257,7 @@ def _label_fn(label, shard_format, compression, use):
 
         import torch
 
-        from shardpack.batches import collate
+        from shardpack.loader.batches import collate
 
         ds = labelled(work, label, shard_format, compression)
         value = int(label)
@@ -412,8 +412,8 @@ def _bomb_fn(image: Path, use: str):
         import PIL.PngImagePlugin  # noqa: F401
         import PIL.WebPImagePlugin  # noqa: F401
 
-        from shardpack import preview  # noqa: F401
-        from shardpack.decode import CpuDecode
+        from shardpack.inspect import preview  # noqa: F401
+        from shardpack.transforms.decode import CpuDecode
         _limit_memory()
         if use == "pack --check full":
             kind, detail, _ = cli("pack", src, work / "out", "--check", "full", "--workers", "1")

@@ -281,8 +281,8 @@ def _scratch_out(command: str) -> Path:
 
 
 def _command(command: str, src: Path, clean: Path, out: Path):
-    from shardpack.export import export
-    from shardpack.unpack import unpack
+    from shardpack.interop.export import export
+    from shardpack.interop.unpack import unpack
 
     if command == "unpack":
         return lambda: unpack(clean, out)
@@ -306,7 +306,7 @@ def _kill_fn(command, src, clean, n, reference):
     def fn(work: Path):
         from tests.conftest import read_tree
 
-        from shardpack.unpack import UNMARKED_GRACE_S
+        from shardpack.interop.unpack import UNMARKED_GRACE_S
 
         out = work / "out"
         if command.endswith("--overwrite"):
@@ -343,7 +343,7 @@ def _unpacked(clean: Path) -> dict:
     if clean not in _UNPACKED:
         import tempfile
 
-        from shardpack.unpack import unpack
+        from shardpack.interop.unpack import unpack
 
         with tempfile.TemporaryDirectory() as tmp:
             unpack(clean, Path(tmp) / "u")
@@ -445,7 +445,7 @@ def _collate_fn(name):
     def fn(work: Path):
         import torch
 
-        from shardpack.batches import collate
+        from shardpack.loader.batches import collate
 
         batch = {
             "label not a number": [_sample("a", 0, cls=b"1"), _sample("b", 7, cls=b"x")],

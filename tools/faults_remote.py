@@ -36,7 +36,7 @@ def fast_retries() -> None:
 
 def big_dataset(root: Path) -> tuple[Path, dict]:
     """Two shards of ~9.6 MB (24 samples of 400 KB): a reader without a cache reads each in
-    ranged chunks of about 8 MiB (shardpack.access.CHUNK_BYTES), so a range starts inside a
+    ranged chunks of about 8 MiB (shardpack.read.access.CHUNK_BYTES), so a range starts inside a
     shard, as a 206 for another range needs to show."""
     from tests.conftest import fake_jpeg, make_tree
 

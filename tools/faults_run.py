@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from shardpack.errors import ShardpackError
+from shardpack.core.errors import ShardpackError
 
 KINDS = ("ok", "clear error", "silent", "other exception", "hang", "crash")
 BAD = ("silent", "other exception", "hang", "crash")
@@ -287,7 +287,7 @@ def cli(*args) -> tuple[str, str, str]:
     lines (verify); anything else, a traceback among it, is another exception."""
     from click.testing import CliRunner
 
-    from shardpack.cli import main
+    from shardpack.cli.main import main
 
     result = CliRunner().invoke(main, [str(a) for a in args])
     out = result.output

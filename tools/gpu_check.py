@@ -88,9 +88,9 @@ from PIL import Image, ImageDraw, ImageFilter  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 import shardpack  # noqa: E402
-from shardpack.gpudecode import (NVJPEG_STATUS, is_fatal, nvjpeg_statuses,  # noqa: E402
+from shardpack.transforms.gpudecode import (NVJPEG_STATUS, is_fatal, nvjpeg_statuses,  # noqa: E402
                                  standin_backend)
-from shardpack.images import is_image_field  # noqa: E402
+from shardpack.images.content import is_image_field  # noqa: E402
 
 CLASSES = 10
 # (errors after loader: a broken JPEG must not touch nvJPEG's decoder before the timed runs)

@@ -1,0 +1,2 @@
+"""Looking at a dataset: verify, statistics, preview sheets, the pipeline benchmark.
+"""

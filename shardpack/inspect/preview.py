@@ -1,0 +1,482 @@
+"""``shardpack preview``: a contact sheet (PNG) or a self-contained HTML page of N samples, each
+image drawn with its key and label (docs/preview.md).  Pillow only; no torch.
+
+* Which samples: random (``seed``) or the first ones in stored order, filtered by key prefix
+  and by class.  Key prefixes (and an ImageFolder pack's class, its keys' first folder) are
+  matched in the indexes, with no sample read; other datasets keep their labels inside the
+  samples, so ``class_name`` reads samples in the chosen order until it has N (at most
+  ``SCAN_FACTOR`` x N samples, and the summary says when it found fewer).
+* How they are read: exactly each sample's bytes by ranged reads, local or remote (never a
+  whole shard, never the reader's 8 MB chunks), each checked against its index hash
+  (:func:`shardpack.inspect.stats.fetch_samples`).
+* Which image: the default decode's field rule (:func:`shardpack.inspect.stats.image_field`),
+decoded
+  by :func:`shardpack.images.content.decode_rgb` (what training sees; an image over the decode
+  budget,
+  ``SHARDPACK_MAX_PIXELS``, is refused from its header, never decoded).  A sample that does not
+  decode, has no image, or whose bytes fail their hash gets a marked cell (red border and the
+  reason), never a crash; the summary counts them.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import html
+import io
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+
+import numpy as np
+
+from shardpack.core.errors import DecodeError, ShardpackError
+from shardpack.images.headers import header_info
+from shardpack.images.content import decode_rgb
+from shardpack.read.reader import DatasetReader
+from shardpack.core.sizes import human
+from shardpack.inspect.stats import (LABEL_FIELD, fetch_samples, image_field, keys_carry_classes,
+                    label_text, label_values, load_indexes)
+
+SCAN_FACTOR = 50       # class filter on labels inside samples: read at most N x this samples
+BORDER = 3             # a marked cell's red border, px
+RED = (210, 30, 30)
+PANEL = (236, 236, 236)
+
+
+@dataclass(frozen=True)
+class PreviewOptions:
+    n: int = 64
+    seed: int = 0
+    first: bool = False               # the first samples in stored order, not random ones
+    class_name: str | None = None     # only samples of this class (name, or label value)
+    key_prefix: str | None = None     # only samples whose key starts so
+    cell: int = 128                   # image area of a cell, px (square)
+    columns: int | None = None        # default: ceil(sqrt(N))
+    field: str | None = None          # the image field; default: the decode's rule
+    html: bool = False                # a self-contained HTML page instead of a PNG
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything goes on a sheet of ``count`` cells (tests compute boxes from it)."""
+    count: int
+    columns: int
+    cell: int
+
+    @property
+    def font(self) -> int:
+        return max(10, self.cell // 10)
+
+    @property
+    def line(self) -> int:
+        return self.font + 4
+
+    @property
+    def gap(self) -> int:
+        return max(4, self.cell // 16)
+
+    @property
+    def text(self) -> int:  # two lines under each image: key, label
+        return 2 * self.line + 2
+
+    @property
+    def title(self) -> int:
+        return self.line + self.gap
+
+    @property
+    def rows(self) -> int:
+        return max(1, math.ceil(self.count / self.columns))
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return (self.columns * (self.cell + self.gap) + self.gap,
+                self.title + self.rows * (self.cell + self.text + self.gap) + self.gap)
+
+    def box(self, i: int) -> tuple[int, int, int, int]:
+        """(left, top, right, bottom) of cell i's image area, right and bottom exclusive."""
+        row, col = divmod(i, self.columns)
+        x = self.gap + col * (self.cell + self.gap)
+        y = self.title + self.gap + row * (self.cell + self.text + self.gap)
+        return x, y, x + self.cell, y + self.cell
+
+
+def layout(count: int, opts: PreviewOptions) -> Layout:
+    columns = opts.columns or max(1, math.ceil(math.sqrt(count)))
+    return Layout(count, max(1, min(columns, max(count, 1))), opts.cell)
+
+
+@dataclass
+class Cell:
+    key: str
+    label: str | None          # None: the dataset has no labels
+    thumb: object | None       # a PIL image fitting the cell, or None (marked)
+    error: str | None = None   # why the cell is marked
+    field: str | None = None
+    size: tuple | None = None  # the image's (width, height)
+    nbytes: int = 0
+
+
+@dataclass
+class PreviewSummary:
+    out: str
+    cells: int
+    read: int                  # samples read
+    nbytes: int                # their bytes
+    seconds: float
+    notes: list = dataclass_field(default_factory=list)
+    reasons: list = dataclass_field(default_factory=list)  # "key: why" of each marked cell
+
+    @property
+    def marked(self) -> int:
+        return len(self.reasons)
+
+    def line(self) -> str:
+        marked = f", {self.marked:,} marked in red" if self.marked else ""
+        return (f"wrote {self.out}: {self.cells:,} samples{marked}; read {self.read:,} samples "
+                f"({human(self.nbytes)}) by ranged reads in {self.seconds:.2f} s")
+
+
+# -- which samples --------------------------------------------------------------------------------
+
+def _prefix_rows(index, prefix: bytes) -> np.ndarray:
+    """bool per sample of the shard: its key starts with ``prefix`` (vectorised over keys)."""
+    starts, ends = index.key_bounds
+    ok = (ends - starts) >= len(prefix)
+    blob = np.frombuffer(index.key_blob, dtype=np.uint8)
+    if not len(blob):
+        return ok
+    for j, byte in enumerate(prefix):
+        ok &= blob[np.minimum(starts + j, len(blob) - 1)] == byte
+    return ok
+
+
+def _matching_ids(reader: DatasetReader, prefixes: list[str]) -> np.ndarray:
+    load_indexes(reader)
+    found = []
+    for shard in range(len(reader.shards)):
+        index = reader.index(shard)
+        ok = np.ones(index.num_samples, dtype=bool)
+        for prefix in prefixes:
+            ok &= _prefix_rows(index, prefix.encode("utf-8", "surrogateescape"))
+        found.append(np.flatnonzero(ok).astype(np.int64) + int(reader.offsets[shard]))
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _check_class(reader: DatasetReader, name: str, dataset: str) -> None:
+    m = reader.manifest
+    if not keys_carry_classes(reader) and LABEL_FIELD not in m.fields:
+        raise ShardpackError(f"--class {name!r}: the dataset has no labels (no "
+                             f"{LABEL_FIELD!r} field)", path=dataset)
+    if m.classes is not None and name not in m.classes:
+        shown = ", ".join(m.classes[:10]) + (", ..." if len(m.classes) > 10 else "")
+        raise ShardpackError(f"--class {name!r}: no such class ({len(m.classes):,} classes: "
+                             f"{shown})", path=dataset)
+
+
+def _order(pool, count: int, opts: PreviewOptions) -> np.ndarray:
+    """Up to ``count`` ids of ``pool`` (an int: all of range(pool); or an id array), in the order
+    they are wanted: stored order with ``first``, else a seeded random draw."""
+    total = pool if isinstance(pool, int) else len(pool)
+    count = min(count, total)
+    if opts.first:
+        picked = np.arange(count, dtype=np.int64)
+    else:
+        picked = np.random.default_rng(opts.seed).choice(total, size=count, replace=False)
+    return picked if isinstance(pool, int) else np.asarray(pool)[picked]
+
+
+def collect(reader: DatasetReader, opts: PreviewOptions, dataset: str) -> tuple[list, dict]:
+    """The samples to show (dicts, or the ShardpackError of a sample whose bytes are wrong) and
+    what reading them took: ``{"read": samples, "bytes": n, "notes": [...]}``."""
+    if not len(reader):
+        raise ShardpackError("the dataset has no samples", path=dataset)
+    prefixes, scan = [], False
+    if opts.key_prefix is not None:
+        prefixes.append(opts.key_prefix)
+    if opts.class_name is not None:
+        _check_class(reader, opts.class_name, dataset)
+        if keys_carry_classes(reader):
+            prefixes.append(opts.class_name + "/")
+        else:
+            scan = True
+    pool = _matching_ids(reader, prefixes) if prefixes else len(reader)
+    if not (pool if isinstance(pool, int) else len(pool)):
+        raise ShardpackError(f"no sample matches {_filters(opts)}", path=dataset,
+                             hint="'shardpack ls' lists the keys")
+    ids = _order(pool, opts.n * SCAN_FACTOR if scan else opts.n, opts)
+    if not scan:
+        load_indexes(reader, np.unique(reader.locate_many(ids)[0]))  # side by side, remote
+        info = {"read": len(ids), "bytes": _span_bytes(reader, ids), "notes": []}
+        if len(ids) < opts.n:
+            info["notes"].append(f"only {len(ids):,} samples " + (
+                f"match {_filters(opts)}" if prefixes else "in the dataset"))
+        return fetch_samples(reader, ids), info
+    return _scan_class(reader, ids, pool if isinstance(pool, int) else len(pool), opts, dataset)
+
+
+def _scan_class(reader: DatasetReader, ids: np.ndarray, candidates: int, opts: PreviewOptions,
+                dataset: str) -> tuple[list, dict]:
+    """``class_name`` where labels are inside the samples: read ``ids`` (of ``candidates``
+    samples passing the key filter) in order, a batch at a time, until N samples of the class
+    are found."""
+    classes = reader.manifest.classes
+    info = {"read": 0, "bytes": 0, "notes": []}
+    kept, unread = [], 0
+    step = max(opts.n, 64)
+    for at in range(0, len(ids), step):
+        part = ids[at:at + step]
+        info["read"] += len(part)
+        labels = label_values(reader, part)
+        if labels is not None:  # choose by the label bytes alone, then read the chosen whole
+            part = part[[label_text(str(v).encode(), classes) == opts.class_name
+                         if v is not None else False for v in labels]]
+            part = part[:opts.n - len(kept)]
+        info["bytes"] += _span_bytes(reader, part)
+        for sample in fetch_samples(reader, part):
+            if isinstance(sample, ShardpackError):
+                unread += 1
+            elif LABEL_FIELD in sample and \
+                    label_text(sample[LABEL_FIELD], classes) == opts.class_name:
+                kept.append(sample)
+        if len(kept) >= opts.n:
+            kept = kept[:opts.n]
+            break
+    if info["read"] < candidates:
+        where = (f"the {info['read']:,} samples read (at most N x {SCAN_FACTOR}: this "
+                 "dataset's labels are inside its samples)")
+    else:
+        where = "the dataset" if opts.key_prefix is None else \
+            f"the samples matching --key {opts.key_prefix!r}"
+    if unread:
+        info["notes"].append(f"{unread:,} samples read for --class failed their hash check "
+                             "(run 'shardpack verify')")
+    if not kept:
+        raise ShardpackError(f"no sample of class {opts.class_name!r} in {where}", path=dataset)
+    if len(kept) < opts.n:
+        info["notes"].append(f"only {len(kept):,} samples of class {opts.class_name!r} in "
+                             f"{where}")
+    return kept, info
+
+
+def _span_bytes(reader: DatasetReader, ids) -> int:
+    shards, rows = reader.locate_many(ids)
+    return sum(b - a for a, b in (reader.index(s).span(r)
+                                  for s, r in zip(shards.tolist(), rows.tolist(), strict=True)))
+
+
+def _filters(opts: PreviewOptions) -> str:
+    parts = []
+    if opts.key_prefix is not None:
+        parts.append(f"--key {opts.key_prefix!r}")
+    if opts.class_name is not None:
+        parts.append(f"--class {opts.class_name!r}")
+    return " and ".join(parts) or "(no filter)"
+
+
+# -- cells ----------------------------------------------------------------------------------------
+
+def make_cell(sample, classes, has_labels: bool, opts: PreviewOptions) -> Cell:
+    """One cell: the sample's image fitted into ``opts.cell`` px, or a reason to mark it."""
+    from PIL import Image
+
+    if isinstance(sample, ShardpackError):  # bytes that fail their hash: never shown
+        return Cell(sample.key or "?", None, None, sample.message)
+    raw = sample.get(LABEL_FIELD)
+    label = label_text(raw, classes) if raw is not None else \
+        ("(no label)" if has_labels else None)
+    cell = Cell(sample["__key__"], label, None)
+    try:
+        cell.field = image_field([n for n in sample if len(sample[n])], opts.field)
+        data = bytes(sample[cell.field])  # (once: the decode and the header read take bytes)
+        cell.nbytes = len(data)
+        # a thumbnail needs no full decode: a JPEG is decoded at 1/2-1/8 scale when that
+        # still covers the cell (12 MP photos: ~8x less work)
+        pixels = decode_rgb(data, min_side=opts.cell)
+    except DecodeError as exc:
+        cell.error = exc.message
+        return cell
+    except Exception as exc:  # noqa: BLE001 - a sample's bytes never stop the sheet
+        cell.error = f"cannot decode: {type(exc).__name__}: {exc}"
+        return cell
+    image = Image.fromarray(pixels)
+    try:  # the JPEG may have been decoded smaller: the size shown is the header's
+        cell.size = header_info(data)[0]
+    except Exception:  # noqa: BLE001 - it decoded, so this is unlikely; the decoded size then
+        cell.size = image.size
+    image.thumbnail((opts.cell, opts.cell), Image.Resampling.BICUBIC, reducing_gap=2.0)
+    cell.thumb = image
+    return cell
+
+
+def make_cells(reader: DatasetReader, samples: list, opts: PreviewOptions) -> list[Cell]:
+    classes = reader.manifest.classes
+    has_labels = LABEL_FIELD in reader.manifest.fields
+    threads = max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(threads) as pool:  # decoders release the GIL
+        return list(pool.map(lambda s: make_cell(s, classes, has_labels, opts), samples))
+
+
+# -- drawing --------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=8)
+def _font(size: int):
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow 10.0: one size only
+        return ImageFont.load_default()
+
+
+def _fit(text: str, font, width: int, keep_end: bool = False) -> str:
+    """``text`` cut (with '...') to fit ``width`` px; ``keep_end`` cuts the start instead (a
+    key's end tells samples apart: ``...cycle_right/001234``)."""
+    if font.getlength(text) <= width:
+        return text
+    while text and font.getlength("..." + text if keep_end else text + "...") > width:
+        text = text[1:] if keep_end else text[:-1]
+    return "..." + text if keep_end else text + "..."
+
+
+def _wrap(text: str, font, width: int, lines: int) -> list[str]:
+    """``text`` in at most ``lines`` lines of ``width`` px (the last one cut with '...')."""
+    out, current = [], ""
+    for word in text.split():
+        trial = f"{current} {word}".strip()
+        if font.getlength(trial) <= width:
+            current = trial
+            continue
+        if current:
+            out.append(current)
+        current = word
+        while font.getlength(current) > width and len(current) > 1:  # a long word: break it
+            cut = len(current)
+            while cut > 1 and font.getlength(current[:cut]) > width:
+                cut -= 1
+            out.append(current[:cut])
+            current = current[cut:]
+    if current:
+        out.append(current)
+    if len(out) > lines:
+        out = out[:lines - 1] + [_fit(" ".join(out[lines - 1:]), font, width)]
+    return out
+
+
+def draw_sheet(cells: list[Cell], opts: PreviewOptions, title: str):
+    """The contact sheet, a PIL RGB image of :func:`layout`'s size."""
+    from PIL import Image, ImageDraw
+
+    lay = layout(len(cells), opts)
+    sheet = Image.new("RGB", lay.size, "white")
+    draw = ImageDraw.Draw(sheet)
+    font, small = _font(lay.font), _font(max(9, lay.font - 2))
+    draw.text((lay.gap, lay.gap // 2), _fit(title, font, lay.size[0] - 2 * lay.gap),
+              fill=(40, 40, 40), font=font)
+    for i, cell in enumerate(cells):
+        x0, y0, x1, y1 = lay.box(i)
+        draw.rectangle((x0, y0, x1 - 1, y1 - 1), fill=PANEL)
+        if cell.thumb is not None:
+            w, h = cell.thumb.size
+            sheet.paste(cell.thumb, (x0 + (lay.cell - w) // 2, y0 + (lay.cell - h) // 2))
+        else:
+            draw.rectangle((x0, y0, x1 - 1, y1 - 1), outline=RED, width=BORDER)
+            inner = lay.cell - 2 * BORDER - 6
+            step = small.size + 2 if hasattr(small, "size") else lay.line
+            for k, text in enumerate(_wrap(cell.error or "", small, inner,
+                                           max(1, inner // step))):
+                draw.text((x0 + BORDER + 3, y0 + BORDER + 3 + k * step), text, fill=RED,
+                          font=small)
+        draw.text((x0, y1 + 1), _fit(cell.key, font, lay.cell, keep_end=True), fill=(0, 0, 0),
+                  font=font)
+        if cell.label is not None:
+            draw.text((x0, y1 + 1 + lay.line), _fit(cell.label, font, lay.cell),
+                      fill=(20, 70, 150), font=font)
+    return sheet
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:16px;background:#fff;color:#222}
+h1{font-size:15px;font-weight:600}
+.grid{display:flex;flex-wrap:wrap;gap:8px}
+figure{margin:0;width:%(cell)dpx}
+.img{width:%(cell)dpx;height:%(cell)dpx;background:#ececec;display:flex;align-items:center;
+justify-content:center;box-sizing:border-box}
+.bad .img{border:3px solid #d21e1e;color:#d21e1e;font-size:11px;padding:4px;overflow:hidden;
+word-break:break-word}
+figcaption{font-size:12px;line-height:1.3;overflow-wrap:anywhere}
+.label{color:#14469a}.meta{color:#777;font-size:11px}"""
+
+
+def html_page(cells: list[Cell], opts: PreviewOptions, title: str) -> str:
+    """A self-contained page: thumbnails inline (data: URIs), keys and labels as text."""
+    esc = html.escape
+    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{esc(title)}</title>", f"<style>{_CSS % {'cell': opts.cell}}</style>",
+             f"</head><body><h1>{esc(title)}</h1>", '<div class="grid">']
+    for cell in cells:
+        if cell.thumb is not None:
+            buf = io.BytesIO()
+            cell.thumb.save(buf, "JPEG", quality=85)
+            uri = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+            w, h = cell.thumb.size
+            body = (f'<div class="img"><img src="{uri}" width="{w}" height="{h}" '
+                    f'alt="{esc(cell.key)}"></div>')
+            meta = f"{cell.field} {cell.size[0]}x{cell.size[1]}, {human(cell.nbytes)}"
+            kind = ""
+        else:
+            body = f'<div class="img">{esc(cell.error or "")}</div>'
+            meta, kind = (cell.field or ""), ' class="bad"'
+        label = f'<div class="label">{esc(cell.label)}</div>' if cell.label is not None else ""
+        parts.append(f'<figure{kind}>{body}<figcaption><div class="key">{esc(cell.key)}</div>'
+                     f'{label}<div class="meta">{esc(meta)}</div></figcaption></figure>')
+    parts.append("</div></body></html>")
+    return "\n".join(parts) + "\n"
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+def _title(dataset: str, count: int, total: int, opts: PreviewOptions) -> str:
+    how = "first" if opts.first else f"random (seed {opts.seed})"
+    where = f", {_filters(opts)}" if opts.key_prefix is not None or opts.class_name else ""
+    return f"{dataset} | {count:,} {how} of {total:,} samples{where}"
+
+
+def _write(out: str, data: bytes) -> None:
+    tmp = f"{out}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, out)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise ShardpackError(f"cannot write the preview: {exc.strerror or exc}", path=out) \
+            from None
+
+
+def preview(dataset, out, opts: PreviewOptions = PreviewOptions(),
+            storage_options: dict | None = None) -> PreviewSummary:
+    """Write a contact sheet (PNG) or, with ``opts.html``, an HTML page of ``opts.n`` samples
+    of ``dataset`` (local path or URL) to ``out``."""
+    started = time.perf_counter()
+    reader = DatasetReader(dataset, storage_options)  # no cache_dir: nothing fetched whole
+    name = os.fspath(dataset)
+    samples, info = collect(reader, opts, name)
+    cells = make_cells(reader, samples, opts)
+    title = _title(name, len(cells), len(reader), opts)
+    if opts.html:
+        data = html_page(cells, opts, title).encode("utf-8")
+    else:
+        buf = io.BytesIO()
+        draw_sheet(cells, opts, title).save(buf, "PNG")
+        data = buf.getvalue()
+    out = os.fspath(out)
+    _write(out, data)
+    return PreviewSummary(out, len(cells), info["read"], info["bytes"],
+                          time.perf_counter() - started, info["notes"],
+                          [f"{c.key!r}: {c.error}" for c in cells if c.thumb is None])

@@ -1,0 +1,349 @@
+"""``shardpack verify``: re-hash every shard and index and check every record.
+
+A flipped byte anywhere changes the shard's xxh3-128 (caught against the manifest) and the xxh3-64
+of the sample holding it (caught against the index), so the report names the sample.  Structure is
+checked too: tar headers must name ``key.field`` with the indexed size and be regular files;
+msgpack records must pass CRC32C, decompress to the indexed size and unpack to the indexed fields.
+Keys and field names are held to the rules of the commands that use them: a key ``unpack`` or
+``export`` would refuse (:func:`shardpack.format.unsafe_name_reason`) and a field name ``pack``
+would refuse (:func:`shardpack.format.check_field_name`) are problems here too, by the same
+functions.
+``decode=True`` (``verify --decode``) also decodes every image field in full
+(:func:`shardpack.images.content.check_image_full`), so a broken image packed with ``--check none``
+(or by
+an older release) is named too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import Sequence
+
+from shardpack import format as fmt
+from shardpack.core.errors import ShardpackError
+from shardpack.read.reader import DatasetReader, record_payload
+from shardpack.write.skips import read_skips
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    reason: str
+    key: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.path}: sample {self.key!r}" if self.key is not None else self.path
+        return f"{where}: {self.reason}"
+
+
+@dataclass
+class VerifyReport:
+    shards: int = 0
+    samples: int = 0
+    bytes: int = 0
+    problems: list = None
+    # what the indexes and shards say, for the manifest's check
+    indexes_read: int = 0
+    fields: set = dataclass_field(default_factory=set)
+    writer_skips: int = 0
+    max_cls: int | None = None
+    # ImageFolder: (cls, class folder of the key) -> [shard path, first key, samples] for each
+    # sample whose key's folder is not classes[cls]
+    misfiled: dict = dataclass_field(default_factory=dict)
+    versions: set = dataclass_field(default_factory=set)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify(url, storage_options: dict | None = None, progress: bool = False,
+           decode: bool = False) -> VerifyReport:
+    reader = DatasetReader(url, storage_options)
+    report = VerifyReport(problems=[])
+    shards = range(len(reader.shards))
+    if progress:
+        from tqdm import tqdm
+
+        shards = tqdm(shards, unit="shard", desc="verifying")
+    for number in shards:
+        report.shards += 1
+        report.problems += _verify_shard(reader, number, report, decode)
+    report.problems += _verify_manifest(reader, report)
+    return report
+
+
+LAYOUTS = fmt.PACK_LAYOUTS + fmt.CONVERTED_LAYOUTS
+# keys every pack and merge has written since the first release (optional ones: docs/format.md)
+WRITTEN = ("classes", "layout", "skipped", "hidden", "preprocessing")
+
+
+def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Problem]:
+    """The manifest's totals and descriptions against what the indexes and shards hold: each
+    difference is named (docs/format.md lists the keys)."""
+    m, where = reader.manifest, reader.storage.display(fmt.MANIFEST_NAME)
+    out = []
+
+    def differs(what: str, found, derived, how: str) -> None:
+        if found != derived:
+            out.append(Problem(where, f"{what} is {found!r}, but {how} give {derived!r}"))
+
+    shards = reader.shards
+    differs("num_samples", m.num_samples, sum(s.samples for s in shards),
+            "the shard entries")
+    differs("num_shards", m.num_shards, len(shards), "the shard entries")
+    differs("num_bytes", m.num_bytes, sum(s.bytes for s in shards),
+            "the shard entries")
+    if report.versions and m.version not in report.versions:
+        out.append(Problem(where, f"version is {m.version!r}, but the indexes are "
+                                  f"version {sorted(report.versions)}"))
+    if report.indexes_read == len(shards):  # the indexes' own view, where all were readable
+        differs("fields", list(m.fields), sorted(report.fields), "the indexes")
+        skipped = m.skipped or {}  # decode_manifest checked its counts
+        if sum(skipped.values()) < report.writer_skips:
+            out.append(Problem(where, f"skipped counts {sum(skipped.values())} entries, but "
+                                      f"the indexes record {report.writer_skips} skipped by "
+                                      "the shard writers"))
+    out += _verify_skip_report(reader, where)
+    for key in WRITTEN:  # pack and merge write these; decode_manifest checks their values
+        if key not in m.raw:
+            out.append(Problem(where, f"the {key!r} key is missing (pack and merge always "
+                                      "write it)"))
+    if m.layout not in LAYOUTS:
+        out.append(Problem(where, f"layout is {m.layout!r}, expected one of {LAYOUTS}"))
+    if m.group not in (None, "image", "webdataset"):
+        out.append(Problem(where, f"group is {m.group!r}, expected null, 'image' or "
+                                  "'webdataset'"))
+    classes = m.classes
+    # derivable for ImageFolder packs only (a converted label may lie outside its class list,
+    # and decode_manifest allows a class list with no other layout)
+    if m.layout == "imagefolder" and classes is not None:
+        if report.indexes_read == len(shards) and report.samples and \
+                "cls" not in report.fields:
+            out.append(Problem(where, "layout is 'imagefolder', but no sample has a 'cls' "
+                                      "field (pack gives every sample of a class folder one)"))
+        if report.max_cls is not None and report.max_cls >= len(classes):
+            out.append(Problem(where, f"{len(classes)} classes, but a sample has cls "
+                                      f"{report.max_cls}"))
+        for (cls, folder), (path, key, count) in report.misfiled.items():
+            more = f" (and {count - 1:,} more samples like it)" if count > 1 else ""
+            out.append(Problem(path, f"the manifest's classes[{cls}] is {classes[cls]!r}, but "
+                                     f"this sample with cls {cls} is in class folder "
+                                     f"{folder!r}{more}", key))
+    return out
+
+
+def _verify_skip_report(reader: DatasetReader, where: str) -> list[Problem]:
+    """The skip report names every skip the manifest counts, each with a reason that the
+    counts know: as many lines of each reason as ``skipped`` says, and the recorded size."""
+    record = reader.manifest.skip_report
+    if record is None:
+        return []
+    path = reader.storage.display(record["name"])
+    try:
+        size = reader.storage.size(record["name"])
+        if size != record["bytes"]:
+            return [Problem(path, f"the skip report has {size:,} bytes, the manifest records "
+                                  f"{record['bytes']:,}")]
+        rows = read_skips(reader.storage, record)
+    except FileNotFoundError:
+        return [Problem(path, "the skip report the manifest names is missing")]
+    except (ValueError, ShardpackError) as exc:
+        return [Problem(path, f"the skip report cannot be read: {str(exc)[:200]}")]
+    found = Counter(r.get("reason") if isinstance(r, dict) else None for r in rows)
+    counted = dict(reader.manifest.skipped or {})
+    if len(rows) != record["entries"] or dict(found) != counted:
+        return [Problem(path, f"the skip report names {len(rows):,} skips "
+                              f"({dict(sorted(found.items(), key=str))}), the manifest counts "
+                              f"{record['entries']:,} ({counted})")]
+    return []
+
+
+def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
+                  decode: bool = False) -> list[Problem]:
+    entry = reader.shards[number]
+    path = reader.shard_path(number)
+    try:
+        index = reader.index(number)
+    except ShardpackError as exc:
+        return [Problem(reader.storage.display(entry.index), exc.message)]
+    report.indexes_read += 1
+    report.versions.add(index.version)
+    report.fields.update(index.fields)
+    report.writer_skips += index.skipped
+    problems_here = _index_against_manifest(reader.manifest, entry, index, path)
+    if problems_here:
+        return problems_here
+    # field names the walk would refuse (the index decoder already refused the reserved ones)
+    named = [Problem(path, f"{why} (pack would refuse it)")
+             for why in map(fmt.check_field_name, index.fields) if why]
+    try:
+        data = reader.read_shard(number, exact=False)
+    except ShardpackError as exc:
+        return [Problem(path, exc.message)]
+    report.bytes += len(data)
+    problems = _shard_file_problems(entry, index, data, path)
+    # keys unpack would refuse, undecodable images: reported after the structural checks
+    found, others = _sample_problems(reader.manifest, index, data, path, report, decode)
+    problems += found
+    if index.shard_format == "tar" and not problems:
+        tail = data[int(index.starts[-1]):]
+        if tail != fmt.TAR_END:
+            problems.append(Problem(path, "tar shard does not end with two zero blocks"))
+    return named + problems + others
+
+
+def _index_against_manifest(m: fmt.Manifest, entry: fmt.ShardEntry, index: fmt.ShardIndex,
+                            path: str) -> list[Problem]:
+    """Where the shard's index and its manifest entry disagree (format, compression, hash,
+    the name's suffix)."""
+    problems = []
+    for what, found, indexed in (("shard_format", m.shard_format, index.shard_format),
+                                 ("compression", m.compression, index.compression)):
+        if found != indexed:
+            problems.append(Problem(path, f"the manifest's {what} is {found!r}, this "
+                                          f"shard's index says {indexed!r}"))
+    if index.shard_hash.hex() != entry.hash:
+        problems.append(Problem(path, "the manifest's hash of this shard differs from the "
+                                      "one its index records"))
+    if not entry.name.endswith(fmt.SHARD_SUFFIX[index.shard_format]):
+        problems.append(Problem(path, f"a {index.shard_format} shard named "
+                                      f"{entry.name!r}"))
+    return problems
+
+
+def _shard_file_problems(entry: fmt.ShardEntry, index: fmt.ShardIndex, data: bytes,
+                         path: str) -> list[Problem]:
+    """The shard file's size and hash against the manifest; a msgpack shard's file header."""
+    problems = []
+    if len(data) != entry.bytes:
+        problems.append(Problem(path, f"shard is {len(data)} bytes, the manifest says "
+                                      f"{entry.bytes} (truncated or extended)"))
+    elif fmt.content_hash(data) != entry.hash:
+        problems.append(Problem(path, "shard hash does not match the manifest"))
+    if index.shard_format == "msgpack":
+        try:
+            fmt.check_msgpack_file_header(data[:fmt.MSGPACK_HEADER.size])
+        except ShardpackError as exc:
+            problems.append(Problem(path, exc.message))
+    return problems
+
+
+def _sample_problems(m: fmt.Manifest, index: fmt.ShardIndex, data: bytes, path: str,
+                     report: VerifyReport, decode: bool) -> tuple[list[Problem], list[Problem]]:
+    """(structural problems, other problems: keys unpack would refuse, undecodable images) of
+    the shard's samples, each checked against its hash, its structure, and (``decode``) its
+    images."""
+    view = memoryview(data)
+    problems: list[Problem] = []
+    others: list[Problem] = []
+    # ImageFolder packs: each sample's cls against the classes and its key's class folder
+    # (a list, even an empty one: [] must still be compared with the labels)
+    classes = m.classes
+    cls_column = ("cls" if "cls" in index.fields and classes is not None
+                  and m.layout == "imagefolder" else None)
+    for row in range(index.num_samples):
+        report.samples += 1
+        start, end = index.span(row)
+        key = index.key(row)
+        # the same rule as unpack and export (and pack's listings): a key they would refuse
+        # fails here, not half-way through an unpack
+        why = fmt.unsafe_name_reason(key)
+        if why:
+            others.append(Problem(path, f"key cannot be written out by unpack or export: "
+                                        f"{why}", key))
+        if end > len(data):
+            problems.append(Problem(path, f"sample runs past the end of the shard ({end} > "
+                                          f"{len(data)} bytes)", key))
+            continue
+        record = view[start:end]
+        if fmt.sample_hash(record) != int(index.sample_hashes[row]):
+            problems.append(Problem(path, f"bytes {start}..{end} do not match the sample's "
+                                          "hash in the index", key))
+            continue
+        try:
+            _check_structure(index, row, record, path)
+        except ShardpackError as exc:
+            problems.append(Problem(path, exc.message, key))
+            continue
+        if decode:
+            others += _check_images(index, row, record, path, key)
+        if cls_column is not None:
+            why = _note_cls(index, row, record, path, report, key, classes)
+            if why:
+                problems.append(Problem(path, why, key))
+    return problems, others
+
+
+def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report, key: str,
+              classes: Sequence[str]) -> str | None:
+    """An ImageFolder sample's class label (ASCII decimal, written by pack from its class
+    folder): keep the largest seen, to compare with the classes, and check that the
+    key's first component (its class folder) is ``classes[cls]``.  Returns why the label itself
+    is bad, or None."""
+    for name, off, size in index.sample_fields(row):
+        if name == "cls":
+            payload = record_payload(index, row, record, path)
+            raw = bytes(payload[off:off + size])
+            if not raw.isdigit():  # ASCII digits only (bytes.isdigit)
+                return f"field 'cls' holds {raw[:40]!r}, not a class number"
+            value = int(raw)
+            report.max_cls = value if report.max_cls is None else max(report.max_cls, value)
+            if value < len(classes):
+                folder = key.split("/", 1)[0]
+                if folder != classes[value]:
+                    seen = report.misfiled.setdefault((value, folder), [path, key, 0])
+                    seen[2] += 1
+            return None
+    return None
+
+
+def _check_images(index: fmt.ShardIndex, row: int, record, path: str, key: str) -> list[Problem]:
+    from shardpack.images.content import check_image_full, is_image_field
+
+    payload = None
+    out = []
+    for name, off, size in index.sample_fields(row):
+        if not is_image_field(name):
+            continue
+        if payload is None:
+            payload = record_payload(index, row, record, path)
+        why = check_image_full(bytes(payload[off:off + size]), name)
+        if why:
+            out.append(Problem(path, f"field {name!r}: {why}", key))
+    return out
+
+
+def _check_structure(index: fmt.ShardIndex, row: int, record, path: str) -> None:
+    key = index.key(row)
+    fields = index.sample_fields(row)
+    payload = record_payload(index, row, record, path)
+    if index.shard_format == "tar":
+        pos = 0
+        for name, off, size in fields:
+            member = fmt.parse_tar_member(payload, pos)
+            expected = index.member_name(key, name)
+            if member.name != expected:
+                raise fmt.FormatError(f"tar member {member.name!r} does not match the index, "
+                                      f"which names it {expected!r}")
+            if member.size != size:
+                raise fmt.FormatError(f"tar member {expected!r} is {member.size} bytes, the "
+                                      f"index says {size}")
+            if pos + member.data_offset != off:
+                raise fmt.FormatError(f"tar member {expected!r} has its data at payload offset "
+                                      f"{pos + member.data_offset}, the index says {off}")
+            pos += member.end
+        if pos != len(payload):
+            raise fmt.FormatError("tar record has bytes the index does not account for")
+        return
+    obj = fmt.decode_payload(bytes(payload), max_fields=len(index.fields))
+    if obj[fmt.KEY_FIELD] != key:
+        raise fmt.FormatError(f"record key {obj[fmt.KEY_FIELD]!r} != index key")
+    names = sorted(n for n in obj if n != fmt.KEY_FIELD)
+    if names != [n for n, _, _ in fields]:
+        raise fmt.FormatError(f"record fields {names} != index fields")
+    for name, off, size in fields:
+        if obj[name] != bytes(payload[off:off + size]):
+            raise fmt.FormatError(f"field {name!r} does not match its indexed bytes")

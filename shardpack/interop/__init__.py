@@ -1,0 +1,2 @@
+"""Other tools' formats: convert from them (``sources/``), export to them, unpack to files.
+"""

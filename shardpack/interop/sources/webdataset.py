@@ -1,0 +1,172 @@
+"""WebDataset tar shards -> samples.
+
+Members are grouped the way the ``webdataset`` library groups them: consecutive members whose
+names share the part before the first dot of the file name form one sample (``a/b.jpg`` and
+``a/b.cls`` -> key ``a/b``, fields ``jpg`` and ``cls``).  Plain ``.tar`` members become byte ranges
+of the tar file (workers read them with a few large reads); ``.tar.gz`` / ``.tgz`` shards are
+decompressed as a stream and their bytes carried inline.  Directory entries carry no data and are
+counted in the notes; links and devices are bad entries (an error, or skipped with
+``--skip-bad``); hidden members (file name starting with '.') are counted like ``pack`` counts
+hidden files.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+import tarfile
+import zlib
+from typing import Iterator
+
+from shardpack import format as fmt
+from shardpack.core.errors import FormatError, SourceError
+from shardpack.write.samples import SourceField
+from shardpack.interop.sources.base import ContainerSource, inline
+from shardpack.interop.sources.common import ByteRanges
+
+SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+class WebDatasetSource(ContainerSource):
+    format = "webdataset"
+    suffixes = SUFFIXES
+
+    def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
+        self.directories = 0
+        for name in self.files():
+            shown = self.storage.display(name)
+            if name.endswith(".tar"):
+                members = self._scan(name, shown)
+            else:
+                members = self._stream(name, shown)
+            yield from self._group(members, shown)
+        if self.directories:
+            self.note(f"{self.directories} directory entries in the tar files were ignored "
+                      "(they hold no data)")
+
+    def _group(self, members, shown: str):
+        """(member name, kind, field maker) -> (key, fields, where) of consecutive members."""
+        key, fields, where = None, [], shown
+        for member_name, kind, make in members:
+            member_where = f"{shown}: member {member_name!r}"
+            if kind == "directory":
+                self.directories += 1
+                continue
+            raw = member_name.encode("utf-8", "surrogateescape")
+            if raw.decode("utf-8", "replace") != member_name:  # undecodable bytes, escaped
+                self.bad(f"{shown}: member {raw!r}", "member name is not valid UTF-8 (keys and "
+                         "field names are UTF-8 text)", "bad-name")
+                continue
+            if kind != "file":
+                self.bad(member_where, f"tar member is a {kind}, not a regular file", "special")
+                continue
+            base = member_name.rsplit("/", 1)[-1]
+            if base.startswith("."):
+                self.report.hidden += 1
+                continue
+            stem, dot, field = base.partition(".")
+            if not dot or not field:
+                self.bad(member_where, "member name has no extension (no field name)",
+                         "bad-name")
+                continue
+            member_key = member_name[:len(member_name) - len(base)] + stem
+            if member_key != key:
+                if fields:
+                    yield key, fields, where
+                key, fields, where = member_key, [], member_where
+            fields.append(make(field))
+        if fields:
+            yield key, fields, where
+
+    def _scan(self, name: str, shown: str):
+        """Plain tar: read just the headers (seek from one to the next); fields are byte ranges
+        of the tar file.  Uses shardpack's own header parser: ``tarfile``'s per-member cost made
+        the scan of a tar slower than packing it (docs/benchmarks.md, "Converting")."""
+        url, mtime = self.url(name), self.mtime_ns(name)
+        total = self.storage.size(name)
+        pos, count, last = 0, 0, None
+        with self.storage.open(name) as f:
+            while pos + fmt.TAR_BLOCK <= total:
+                want = HEADER_READ
+                while True:
+                    f.seek(pos)
+                    head = f.read(want)
+                    if head[:fmt.TAR_BLOCK] == ZERO_BLOCK:
+                        return
+                    try:
+                        m = fmt.parse_tar_header(head)
+                        break
+                    except FormatError as exc:
+                        if "truncated" in exc.message and len(head) == want \
+                                and want < MAX_HEADER:
+                            want *= 4  # long pax records: read more of the header
+                            continue
+                        raise SourceError(f"{_nth(count, last)}: corrupt tar header at byte "
+                                          f"{pos + (exc.offset or 0)}: {exc.message}",
+                                          path=shown) from None
+                start = pos + m.data_offset
+                if start + m.size > total:
+                    raise SourceError(f"tar member {m.name!r} runs past the end of the file "
+                                      f"({start + m.size} > {total} bytes): truncated",
+                                      path=shown)
+                if m.end <= 0:  # parse_tar_header guarantees it: the scan always advances
+                    raise SourceError(f"tar member {m.name!r} at byte {pos} does not advance "
+                                      "the archive", path=shown)
+                yield m.name, m.kind, functools.partial(_ranged, url, m.size, mtime, start)
+                pos += m.end
+                count, last = count + 1, m.name
+        # no end-of-archive blocks: tolerated (some writers omit them), every member was whole
+
+    def _stream(self, name: str, shown: str):
+        """Compressed tar: decompress as a stream (``tarfile``), fields carried inline."""
+        count, last = 0, None
+        with self.storage.open(name) as f:
+            try:
+                tf = tarfile.open(fileobj=f, mode="r|*", encoding="utf-8")
+                while True:
+                    m = tf.next()
+                    if m is None:
+                        return
+                    tf.members.clear()  # tarfile keeps every member it saw: bounded memory
+                    # tarfile takes a negative size, and ignores a pax size it cannot parse
+                    pax_size = m.pax_headers.get("size")
+                    if m.size < 0 or (pax_size is not None and not (
+                            pax_size.isascii() and pax_size.isdigit() and len(pax_size) <= 19)):
+                        raise SourceError(f"{_nth(count, last)}: bad tar header: size "
+                                          f"{pax_size if pax_size is not None else m.size!r} "
+                                          "is not a non-negative integer", path=shown)
+                    kind = ("file" if m.isreg() else "directory" if m.isdir()
+                            else "link" if m.issym() or m.islnk() else "special file")
+                    if kind == "file" and m.size > MAX_INLINE_MEMBER:
+                        raise SourceError(f"tar member {m.name!r} is {m.size} bytes, more than "
+                                          f"the {MAX_INLINE_MEMBER >> 20} MiB a member of a "
+                                          "compressed tar may hold (it is read into memory)",
+                                          path=shown, hint="decompress the tar first (gunzip); "
+                                          "a plain tar is read in byte ranges")
+                    data = tf.extractfile(m).read() if kind == "file" else b""
+                    if len(data) != (m.size if kind == "file" else 0):
+                        raise SourceError(f"tar member {m.name!r} holds {len(data)} of its "
+                                          f"{m.size} bytes: truncated", path=shown)
+                    yield m.name, kind, functools.partial(inline, data=data)
+                    count, last = count + 1, m.name
+            except SourceError:
+                raise
+            except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, UnicodeError,
+                    OverflowError, struct.error) as exc:
+                raise SourceError(f"{_nth(count, last)}: not a readable compressed tar: "
+                                  f"{type(exc).__name__}: {exc}", path=shown) from None
+
+
+def _nth(count: int, last: str | None) -> str:
+    """Where a member whose header cannot be read is: its number, and the member before it."""
+    return f"member {count + 1}" + (f" (after {last!r})" if last is not None else "")
+
+
+HEADER_READ = 4096
+MAX_INLINE_MEMBER = 1 << 30  # a compressed tar's member is held whole: the cap on that memory
+MAX_HEADER = 1 << 20
+ZERO_BLOCK = bytes(fmt.TAR_BLOCK)
+
+
+def _ranged(url: str, size: int, mtime: int, offset: int, name: str) -> SourceField:
+    return SourceField(name, url, size, mtime, None, offset, None, ByteRanges)

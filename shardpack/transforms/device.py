@@ -1,0 +1,339 @@
+"""Pinned -> device: ``DeviceLoader`` wraps a DataLoader, prefetches batches to the device on a side
+stream, decodes JPEGs on the GPU if asked, and measures how long the consumer waited.
+
+Same API on CPU (``device="cpu"``), so training code runs unchanged on a laptop.
+
+* ``decode=None``: batches pass through; tensors (in dicts, lists and tuples) move to the device.
+* ``decode="cpu"``: workers decoded already (``ShardDataset(..., decode=shardpack.CpuDecode())``);
+  the uint8 NHWC ``image`` moves to the device and becomes float NCHW (channels-last memory),
+  normalised there.
+* ``decode="gpu"``: workers ship raw JPEG bytes (one uint8 tensor + offsets per batch);
+  :class:`~shardpack.transforms.gpudecode.GpuDecoder` decodes them with nvJPEG in bounded chunks
+  and crops,
+  resizes and flips on the GPU, with the CPU path's crop rule and (seed, epoch, index)
+  randomness.  Images nvJPEG does not take (other formats, CMYK) or fails on decode on the CPU,
+  counted in ``stats["cpu_fallbacks"]``; an image nothing decodes raises ``DecodeError`` naming
+  the sample, or with ``on_error="skip"`` is zeros flagged in ``batch["__bad__"]``.
+
+Two measures of waiting, updated at every batch: ``wait_fraction``, the share of the loop's wall
+time the consumer's host thread waited for a batch; and on CUDA ``gpu_idle_fraction``, the share of
+the consumer stream's time it had nothing to do between steps (CUDA events on that stream), with
+epoch starts counted apart (``stats["gpu_start_idle_s"]``).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from shardpack.loader.batches import BytesBatch
+from shardpack.transforms.decode import CropOptions, image_batch
+from shardpack.core.errors import DeviceError
+from shardpack.transforms.gpudecode import GpuDecoder, batch_epoch, resolve_device
+from shardpack.loader.torchenv import torch
+
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+STATS = ("batches", "samples", "wait_s", "device_wait_s", "wall_s", "cpu_fallbacks", "gpu_failed",
+         "bad", "gpu_idle_s", "gpu_busy_s", "gpu_start_idle_s", "epoch_starts")
+
+
+class DeviceLoader:
+    def __init__(self, loader, device="cpu", decode: str | None = None, prefetch: int = 2, *,
+                 size: int = 224, train: bool = True, field: str | None = None, seed: int = 0,
+                 normalize: bool = True, dtype=torch.float32, on_error: str = "raise",
+                 decode_backend=None):
+        """``decode_backend``: stands in for nvJPEG (a list of encoded uint8 tensors -> a list of
+        uint8 CHW tensors, e.g. :func:`shardpack.transforms.gpudecode.standin_backend`); with it
+        ``decode="gpu"`` runs its whole plan on any device, CUDA or not (tests, gpu_check's CPU
+        smoke run)."""
+        if decode not in (None, "cpu", "gpu"):
+            raise ValueError(f"decode must be None, 'cpu' or 'gpu', got {decode!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        asked = torch.device(device)
+        standin = decode == "gpu" and decode_backend is not None
+        cuda = (asked.type == "cuda" or (decode == "gpu" and not standin)) \
+            and torch.cuda.is_available()
+        if decode == "gpu" and not cuda and not standin:
+            raise DeviceError("decode='gpu' needs a CUDA device; this machine has none "
+                              f"(torch {torch.__version__})", hint="use decode='cpu'")
+        # CUDA is touched only for a CUDA device (a CPU loader in a forked child must not)
+        self.device = resolve_device(
+            asked, cuda_available=cuda, device_count=torch.cuda.device_count() if cuda else 0,
+            current=torch.cuda.current_device() if cuda and asked.index is None else 0)
+        if decode == "gpu" and self.device.type != "cuda" and not standin:
+            raise ValueError(f"decode='gpu' needs a CUDA device, got device={device!r}; use "
+                             "device='cuda' or decode='cpu'")
+        self.loader = loader
+        self.decode = decode
+        self.prefetch = max(1, prefetch)
+        self.field = field
+        self.opts = CropOptions(size=size, train=train, seed=seed)
+        self.normalize, self.dtype = normalize, dtype
+        self.epoch = 0
+        self.stats: dict = {}
+        self._clock: _GpuClock | None = None  # the running iteration's CUDA-event timer
+        self._last = 0.0                     # ... and when its wall time was last counted
+        self.reset_stats()
+        self._consumed = 0  # samples handed to the consumer this epoch (for state_dict)
+        self._mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1)
+        self._std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1)
+        self._gpu = GpuDecoder(self.device, self.opts, on_error=on_error, stats=self.stats,
+                               backend=decode_backend) if decode == "gpu" else None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def reset_stats(self) -> None:
+        """Zero the counters (e.g. after a warm-up); they are updated at every batch.  Time and
+        device stalls from before the reset are not counted after it."""
+        self.stats.update({name: 0.0 if name.endswith("_s") else 0 for name in STATS})
+        self._last = time.perf_counter()
+        if self._clock is not None:
+            self._clock.forget()
+
+    @property
+    def wait_fraction(self) -> float:
+        """Share of the loop's wall time the consumer's host thread waited for a batch to be
+        ready.  Not the GPU's idle share (:attr:`gpu_idle_fraction`): the GPU may still be busy
+        with steps already queued while the host waits, and it idles while the host is late for
+        other reasons (the GIL, a slow step on the host).  Up to date after every batch."""
+        wall = self.stats["wall_s"]
+        return min(1.0, self.stats["wait_s"] / wall) if wall else 0.0
+
+    @property
+    def gpu_idle_fraction(self) -> float | None:
+        """Share of the consumer stream's time with nothing to do between steps: from the end of
+        the work queued before the consumer asked for a batch until the batch was on the device
+        and handed over, timed with CUDA events on that stream, against that idle time plus the
+        time from each hand-over to the next ask.  Each iteration's first batch (an epoch start)
+        is left out: ``stats["gpu_start_idle_s"]`` over ``stats["epoch_starts"]``.  None off
+        CUDA; events are read once complete, so the last step or two show a little later."""
+        idle, busy = self.stats["gpu_idle_s"], self.stats["gpu_busy_s"]
+        return idle / (idle + busy) if idle + busy > 0 else None
+
+    # -- state: counts what the consumer received, delegates to the dataset ---------------------
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self._consumed = 0
+        dataset = getattr(self.loader, "dataset", None)
+        if hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        dataset = self.loader.dataset
+        return {"dataset": dataset.state_dict(samples_seen=self._consumed), "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = state["epoch"]
+        self._consumed = 0
+        self.loader.dataset.load_state_dict(state["dataset"])
+
+    # -- iteration ------------------------------------------------------------------------------
+    def __iter__(self):
+        """A producer thread pulls batches from the DataLoader and starts their transfer (and GPU
+        decode) on a side stream, up to ``prefetch`` batches ahead; the consumer only waits when
+        none is ready.  That wait is what ``wait_fraction`` reports; the consumer stream's idle
+        time, timed with CUDA events, is what ``gpu_idle_fraction`` reports."""
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        thread = threading.Thread(target=self._produce, args=(stream, ready, stop),
+                                  name="shardpack-prefetch", daemon=True)
+        clock = self._clock = _GpuClock(self.stats) if cuda else None
+        self._last = time.perf_counter()
+        thread.start()
+        first = True
+        try:
+            while True:
+                t0 = time.perf_counter()
+                current = torch.cuda.current_stream(self.device) if cuda else None
+                if clock is not None:
+                    clock.asked(current)
+                batch, event, error = ready.get()
+                if event is not None:
+                    clock.handed(current, event, first)
+                    _record_stream(batch, current)
+                first = False
+                now = time.perf_counter()
+                self.stats["wait_s"] += now - max(t0, self._last)
+                self.stats["wall_s"] += now - self._last
+                self._last = now
+                if isinstance(error, StopIteration):
+                    return
+                if error is not None:
+                    raise error
+                count = _batch_len(batch)
+                self.stats["batches"] += 1
+                self.stats["samples"] += count
+                self._consumed += count
+                yield batch
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a producer stuck on a full queue
+                try:
+                    ready.get_nowait()
+                except queue.Empty:
+                    thread.join(0.05)
+            if clock is not None:
+                clock.settle(wait=True)
+            self.stats["wall_s"] += time.perf_counter() - self._last
+            self._clock = None
+
+    def _produce(self, stream, ready: queue.Queue, stop: threading.Event) -> None:
+        """The producer thread: batches from the loader, moved (and decoded) on ``stream``."""
+        try:
+            if stream is not None:  # this thread's own current device: else every rank's is 0
+                torch.cuda.set_device(self.device)
+            for batch in self.loader:
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        moved = self._to_device(batch, stream)
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                else:
+                    moved, event = self._to_device(batch, None), None
+                while not stop.is_set():
+                    try:
+                        ready.put((moved, event, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ready.put((None, None, StopIteration()))
+        except BaseException as exc:  # hand any failure to the consumer, never hang
+            ready.put((None, None, exc))
+
+    def _to_device(self, batch, stream):
+        if not isinstance(batch, dict):
+            return _move(batch, self.device)
+        if self.decode == "gpu":
+            batch = dict(batch)
+            items = image_batch(batch, self.field)
+            ids = batch["__index__"].tolist()
+            keys = batch.get("__key__") or [f"#{i}" for i in ids]  # errors name the sample
+            image, bad = self._gpu(items.data, items.offsets.tolist(), ids, keys,
+                                   batch_epoch(batch, self.epoch), stream)
+            batch["image"] = image
+            if bad or "__bad__" not in batch:
+                flags = torch.zeros(len(batch["__index__"]), dtype=torch.bool)
+                flags[bad] = True
+                batch["__bad__"] = flags
+        elif self.decode == "cpu" and "image" not in batch:
+            raise ValueError("decode='cpu' expects decoded images from the workers: pass "
+                             "decode=shardpack.CpuDecode() to ShardDataset(..., batched=True)")
+        out = {k: _move(v, self.device) for k, v in batch.items() if k != "image"}
+        if "image" in batch:
+            out["image"] = self._finish(batch["image"])
+        return out
+
+    def _finish(self, image: "torch.Tensor") -> "torch.Tensor":
+        """uint8 NHWC (host or device) -> NCHW channels-last float on the device, normalised."""
+        if image.device != self.device:
+            if self.device.type == "cuda":
+                image = image.pin_memory() if not image.is_pinned() else image
+            image = image.to(self.device, non_blocking=True)
+        image = image.permute(0, 3, 1, 2).to(self.dtype)  # a channels-last view: no copy
+        if self.normalize:
+            image = (image - self._mean.to(self.dtype)) / self._std.to(self.dtype)
+        return image.contiguous(memory_format=torch.channels_last)
+
+
+class _GpuClock:
+    """CUDA events on the consumer's stream, read once they have completed (never blocking the
+    loop).  Per batch: ``asked`` when the consumer asks for it (after everything it queued for
+    the previous step), ``before`` and ``after`` around the stream's wait on the batch's copy and
+    decode.  Then
+
+    * ``device_wait_s`` += before -> after: the stream stalled on the batch's copy and decode;
+    * ``gpu_idle_s`` += asked -> after: the stream had nothing to do, from finishing the previous
+      step's work until the batch was there and the host had queued the wait (a late host counts:
+      the event completes only once recorded); an iteration's first batch goes to
+      ``gpu_start_idle_s`` instead (an epoch start), counted in ``epoch_starts``;
+    * ``gpu_busy_s`` += after -> the next asked: the step's work.
+
+    ``events`` makes the timing events (tests pass stand-ins)."""
+
+    def __init__(self, stats: dict, events=None):
+        self.stats, self.pending = stats, []
+        self._event = events or (lambda: torch.cuda.Event(enable_timing=True))
+        self._asked = self._after = None
+
+    def asked(self, stream) -> None:
+        self._asked = self._event()
+        self._asked.record(stream)
+        if self._after is not None:  # the previous batch's step, up to this ask
+            self.pending.append(("gpu_busy_s", self._after, self._asked))
+            self._after = None
+
+    def handed(self, stream, event, first: bool) -> None:
+        before, after = self._event(), self._event()
+        before.record(stream)
+        stream.wait_event(event)
+        after.record(stream)
+        self.pending.append(("device_wait_s", before, after))
+        if self._asked is not None:
+            self.pending.append(("gpu_start_idle_s" if first else "gpu_idle_s", self._asked, after))
+            if first:
+                self.stats["epoch_starts"] += 1
+        self._after, self._asked = after, None
+        self.settle()
+
+    def forget(self) -> None:
+        """A reset: intervals begun before it are not counted after it."""
+        self.pending.clear()
+        self._asked = self._after = None
+
+    def settle(self, wait: bool = False) -> None:
+        while self.pending and (wait or self.pending[0][2].query()):
+            name, start, end = self.pending.pop(0)
+            end.synchronize()
+            self.stats[name] += start.elapsed_time(end) / 1000
+
+
+def _move(value, device):
+    """Tensors (also inside BytesBatch, dicts, lists and tuples) to ``device``: from pinned memory
+    without blocking; pageable tensors are pinned first on CUDA."""
+    if isinstance(value, BytesBatch):
+        return BytesBatch(_move(value.data, device), _move(value.offsets, device))
+    if isinstance(value, torch.Tensor):
+        if value.device == device:
+            return value
+        if device.type == "cuda" and value.device.type == "cpu" and not value.is_pinned():
+            value = value.pin_memory()
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: _move(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_move(v, device) for v in value]
+    if isinstance(value, tuple):  # a named tuple keeps its type
+        moved = [_move(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, "_fields") else tuple(moved)
+    return value
+
+
+def _record_stream(value, stream) -> None:
+    """Tell the caching allocator these tensors are used on the consumer's stream too."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            value.record_stream(stream)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _record_stream(v, stream)
+    elif isinstance(value, (list, tuple)):  # BytesBatch too
+        for v in value:
+            _record_stream(v, stream)
+
+
+def _batch_len(batch) -> int:
+    if isinstance(batch, dict):
+        if "__index__" in batch:
+            return len(batch["__index__"])
+        for v in batch.values():
+            return len(v)
+    return len(batch)

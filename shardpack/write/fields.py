@@ -1,0 +1,231 @@
+"""Field readers: how the shard writer gets the bytes of a source field.
+
+Every :class:`~shardpack.write.samples.SourceField` names the :class:`FieldReader` class that reads
+it
+(``SourceField.reader``), chosen by whoever made the field: the walk of a file tree
+(:class:`LocalFiles`, :class:`RemoteFiles`), a converter's source (byte ranges of a container,
+``sources/common.ByteRanges``; Parquet cells, ``sources/parquet.ParquetCells``), or anyone
+holding the bytes already (:class:`InlineValue`).  A shard task opens one reader per class its
+fields name (:meth:`~shardpack.write.plan.ShardTask.open_readers`), giving each its own fields in
+task order so it can read ahead or batch; the writer then calls ``read`` per field and knows
+nothing of the kinds.
+
+A reader class must be a module-level class (tasks are pickled to worker processes and cluster
+workers, and a field pickles its reader as a reference).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import TYPE_CHECKING
+
+from shardpack.core.errors import DatasetNotFoundError, ShardpackError, SourceError
+from shardpack.storage import Storage
+
+if TYPE_CHECKING:
+    from shardpack.write.samples import SourceField
+
+
+class FieldReader:
+    """Reads the fields of one kind for one shard task.  ``fields``: the task's fields of this
+    kind, in the order they will be read (a skipped sample leaves its fields unread);
+    ``storage_options``: for the source's storage."""
+
+    def __init__(self, fields: list[SourceField], storage_options: dict | None = None):
+        self.options = storage_options
+
+    def read(self, f: SourceField) -> bytes:
+        """The bytes of ``f`` (bytes-like), or a :class:`SourceError` saying why not."""
+        raise NotImplementedError
+
+    @staticmethod
+    def where(f: SourceField) -> str:
+        """Where ``f`` comes from, for error messages."""
+        return f.path
+
+
+class InlineValue(FieldReader):
+    """A field whose bytes travel in it (``SourceField.value``): a class index, a listing
+    column, a value a converter had to decode."""
+
+    def read(self, f: SourceField) -> bytes:
+        return f.value
+
+    @staticmethod
+    def where(f: SourceField) -> str:
+        return f"field '{f.name}'"
+
+
+class LocalFiles(FieldReader):
+    """Whole local files (``pack`` of a local tree or listing), refused if they changed since the
+    walk (:func:`read_file`).  Reads ahead: before each file is read, the kernel is asked to
+    start reading the next files (``posix_fadvise(WILLNEED)``: an open, a hint and a close per
+    file, no data copied).  A cold tree of small files is otherwise read one file at a time, each
+    read waiting for the disk; with the hints the disk has up to AHEAD_FILES requests queued.
+    Bounded by files and bytes ahead; a file it cannot open is left for the real read to
+    report."""
+
+    AHEAD_FILES = 64
+    AHEAD_BYTES = 32 << 20
+
+    def __init__(self, fields: list[SourceField], storage_options: dict | None = None):
+        super().__init__(fields, storage_options)
+        self.order = fields
+        self.pos = 0    # first field not started
+        self.next = 0   # first field not hinted yet
+        self.ahead = 0  # bytes hinted and not yet started
+        self.hinting = hasattr(os, "posix_fadvise") and len(fields) > 1
+
+    def read(self, f: SourceField) -> bytes:
+        if self.hinting:
+            self.advance(f)
+        return read_file(f)
+
+    def advance(self, f: SourceField) -> None:
+        """``f`` is about to be read: hint the files that now fall in the window after it."""
+        order, i = self.order, self.pos
+        while i < len(order) and order[i] is not f:  # (skipped samples leave fields behind)
+            i += 1
+        if i == len(order):  # not one of this task's fields: nothing to move
+            return
+        for g in order[self.pos:min(i + 1, self.next)]:
+            self.ahead -= g.size
+        self.pos = i + 1
+        self.next = max(self.next, self.pos)
+        limit = min(len(order), self.pos + self.AHEAD_FILES)
+        while self.next < limit and self.ahead < self.AHEAD_BYTES:
+            g = order[self.next]
+            self.next += 1
+            self.ahead += g.size
+            try:
+                fd = os.open(g.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                self.hinting = False  # not supported here: stop trying
+            finally:
+                os.close(fd)
+
+
+def read_file(f: SourceField) -> bytes:
+    """The bytes of a whole local file, refusing a file that changed since the walk."""
+    try:
+        fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        import socket
+
+        raise SourceError(f"file vanished during the pack (or host {socket.gethostname()} "
+                          "does not see it: on a cluster, SRC must be where every worker "
+                          "reads it)", path=f.path) from None
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror}", path=f.path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError("is no longer a regular file", path=f.path)
+        want = f.size + 1  # one byte more than planned: a short read is EOF, a full one growth
+        data = os.read(fd, want)
+        total = len(data)
+        if 0 < total < want and total < f.size:  # short read before the planned size: keep going
+            chunks = [data]
+            while total < want:
+                chunk = os.read(fd, want - total)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+            data = b"".join(chunks)
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror}", path=f.path) from None
+    finally:
+        os.close(fd)
+    if total != f.size or st.st_mtime_ns != f.mtime_ns:
+        raise SourceError(f"file changed during the pack (size {f.size} -> "
+                          f"{max(total, st.st_size)})", path=f.path,
+                          hint="pack again once the source is stable")
+    return data
+
+
+class RemoteFiles(FieldReader):
+    """Whole source files on object storage (a ``pack`` of ``s3://...``): fetched ahead in
+    batches of up to AHEAD_FILES files / AHEAD_BYTES, each batch as concurrent requests
+    (``Storage.read_ranges``), since one request at a time would make a shard of small files
+    cost one round trip per file.  Each file is read up to the size the walk listed: a file
+    that shrank since is an error; one that changed in place at the same size, or grew, is not
+    caught (that would cost a metadata request per file; docs/scale.md)."""
+
+    AHEAD_FILES = 64
+    AHEAD_BYTES = 32 << 20
+
+    def __init__(self, fields: list[SourceField], storage_options: dict | None = None):
+        super().__init__(fields, storage_options)
+        self.order = fields
+        self.next = 0
+        self.got: dict[str, bytes] = {}
+        self.storages: dict[str, Storage] = {}
+
+    def read(self, f: SourceField) -> bytes:
+        if f.path not in self.got:
+            self._fetch(f)
+        data = self.got.pop(f.path)
+        if isinstance(data, SourceError):  # this file's own error, raised when it is read
+            raise data
+        return data
+
+    def _fetch(self, f: SourceField) -> None:
+        while self.next < len(self.order) and self.order[self.next].path != f.path:
+            self.next += 1  # (skipped samples leave their files behind)
+        batch, total = [], 0
+        for g in self.order[self.next:]:
+            if len(batch) >= self.AHEAD_FILES or (batch and total + g.size > self.AHEAD_BYTES):
+                break
+            batch.append(g)
+            total += g.size
+        self.next += len(batch)
+        if not batch or batch[0].path != f.path:
+            batch.insert(0, f)
+        self.got.clear()
+        by_parent: dict[str, list[SourceField]] = {}
+        for g in batch:
+            by_parent.setdefault(g.path.rpartition("/")[0], []).append(g)
+        for parent, files in by_parent.items():
+            storage = self.storages.get(parent)
+            if storage is None:
+                storage = self.storages[parent] = Storage(parent, self.options)
+            names = [g.path.rpartition("/")[2] for g in files]
+            try:
+                datas = storage.read_ranges([(n, 0, g.size)
+                                             for n, g in zip(names, files, strict=True)])
+            except (ShardpackError, OSError):  # one short or missing file spoils the batch:
+                datas = [self._one(storage, n, g)  # one by one
+                         for n, g in zip(names, files, strict=True)]
+            for g, data in zip(files, datas, strict=True):
+                if not isinstance(data, SourceError) and len(data) < g.size:
+                    data = SourceError(f"file changed during the pack (size {g.size} -> "
+                                       f"{len(data)})", path=g.path,
+                                       hint="pack again once the source is stable")
+                self.got[g.path] = data if isinstance(data, SourceError) else data[:g.size]
+
+    @staticmethod
+    def _one(storage: Storage, name: str, f: SourceField) -> bytes | SourceError:
+        """One file's bytes, or the error that reading it gave (kept for when it is read)."""
+        try:
+            return storage.read_bytes(name) if f.size else b""
+        except DatasetNotFoundError:
+            return SourceError("file vanished during the pack", path=f.path)
+        except (ShardpackError, OSError) as exc:
+            return SourceError(f"cannot read: {exc}", path=f.path)
+
+
+def open_container(f: SourceField, storage_options: dict | None) -> tuple[Storage, str]:
+    """(storage of the folder, file name) of the container file a field points into (a byte
+    range, a Parquet cell); a local container that changed since it was indexed is refused."""
+    parent, _, name = f.path.rpartition("/")
+    storage = Storage(parent or ".", storage_options)
+    if storage.local and f.mtime_ns and os.stat(f.path).st_mtime_ns != f.mtime_ns:
+        raise SourceError("file changed during the conversion", path=f.path,
+                          hint="convert again once the source is stable")
+    return storage, name
