@@ -22,6 +22,9 @@ from shardpack.write.merge import MergeSummary, merge
 from shardpack.read.mix import Source
 from shardpack.write.pack import PackSummary, pack
 from shardpack.read.reader import DatasetReader, open_reader
+from shardpack.order.spec import Order
+from shardpack.transforms.spec import TransformSpec
+from shardpack.write.options import PackOptions
 
 _TORCH_API = {"CpuDecode": "transforms.decode", "DeviceLoader": "transforms.device",
               "Batch": "loader.batches", "ShardDataset": "loader.dataset",
@@ -55,6 +58,8 @@ __all__ = [
     "Keys",
     "MapDataset",
     "MergeSummary",
+    "Order",
+    "PackOptions",
     "PackError",
     "PackSummary",
     "RemoteError",
@@ -62,6 +67,7 @@ __all__ = [
     "ShardpackError",
     "Source",
     "SourceError",
+    "TransformSpec",
     "UnsafePathError",
     "VersionError",
     "__version__",

@@ -1,4 +1,4 @@
-"""Fault-campaign logic shared by tools/bench_faults.py and tests/test_integrity.py (issue 16):
+"""Fault-campaign logic shared by the faults suite and tests/test_integrity.py (issue 16):
 what one full read of a damaged dataset came back with (under a time limit), and the sweep of
 systematic edits to a dataset's manifest, each checked with ``shardpack verify``."""
 
@@ -258,7 +258,7 @@ def _no_effect(kind, path, new, before: dict, after) -> str | None:
     if kind == "unknown key added":
         return ("an unknown key is ignored by design: keys are added without a version bump "
                 "(`source` was)")
-    if top in WALK_COUNTS and len(path) == 1 and fmt._count(new):
+    if top in WALK_COUNTS and len(path) == 1 and fmt.is_count(new):
         return f"`{top}` counts files the source walk left out; nothing in the dataset records it"
     if top in OPTIONAL and new is _DROP:
         return "optional key (docs/format.md)"
@@ -268,7 +268,7 @@ def _no_effect(kind, path, new, before: dict, after) -> str | None:
         return "a note of pack's options, valid either way; nothing in the shards records it"
     skipped = after.get("skipped") if isinstance(after, dict) else None
     if top == "skipped" and isinstance(skipped, dict) and all(
-            fmt._count(v) for v in skipped.values()) and \
+            fmt.is_count(v) for v in skipped.values()) and \
             sum(skipped.values()) >= sum(before["skipped"].values()):
         return ("a count of entries skipped while walking the source; only the part the shard "
                 "writers skipped is recorded (verify checks that part)")

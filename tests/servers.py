@@ -1328,7 +1328,14 @@ class FaultServer(_AsyncServer):
         record = FaultRequest(method, path, headers.get("range"), faulted)
         self.requests.append(record)
         fault = mode if faulted else FaultMode()
+        answered = await self._respond_fault(reader, writer, method, path, fault, record,
+                                             keep_alive)
+        if answered is not None:
+            return answered
+        return await self._respond_file(writer, method, path, mode, fault, record, keep_alive)
 
+    async def _respond_fault(self, reader, writer, method, path, fault, record, keep_alive):
+        """The answer a fault or a refused method gives instead of the file; None: serve it."""
         if fault.delay_s:
             await asyncio.sleep(fault.delay_s)
         if fault.hang:
@@ -1346,7 +1353,10 @@ class FaultServer(_AsyncServer):
         if method not in ("GET", "HEAD"):
             record.status = 405
             return await self._send_simple(writer, 405, keep_alive, {"Allow": "GET, HEAD"}, method)
+        return None
 
+    async def _respond_file(self, writer, method, path, mode, fault, record, keep_alive) -> bool:
+        """Serve the file at path (whole, a range, short, endless) as the fault allows."""
         file = self._resolve(path)
         if file is None:
             record.status = 404

@@ -2,7 +2,7 @@
 (MosaicML streaming's MDSWriter, LitData's optimize).
 
 The peers don't import in .venv (their torchvision breaks beside the CPU torch), so one
-subprocess in .bench-venv (tools/bench_setup_peers.sh) writes every input dataset plus
+subprocess in .bench-venv (benchmarks/suites/setup_peers.sh) writes every input dataset plus
 ``expected.json``: per dataset and sample, what each column must become.  Without .bench-venv
 these tests skip, unless SHARDPACK_REQUIRE_PEERS=1 (CI), where they fail.
 """
@@ -164,7 +164,7 @@ with open(os.path.join(OUT, "expected.json"), "w") as f:
 def peers(tmp_path_factory):
     """(folder of peer-written datasets, expected values), made in one .bench-venv run."""
     if not PEER_PY.exists():
-        why = f"{PEER_PY} is missing: run tools/bench_setup_peers.sh"
+        why = f"{PEER_PY} is missing: run benchmarks/suites/setup_peers.sh"
         if os.environ.get("SHARDPACK_REQUIRE_PEERS") == "1":
             pytest.fail(f"SHARDPACK_REQUIRE_PEERS=1 but {why}")
         pytest.skip(why)

@@ -33,7 +33,7 @@ def _tar_record(key: str, fields: list) -> tuple[bytes, list[int]]:
         try:
             header = fmt.tar_header(member, len(data))
         except UnicodeEncodeError:  # a key that is not UTF-8: its raw bytes in a ustar header
-            header = fmt._ustar_block(member.encode("utf-8", "surrogateescape"), len(data), b"0")
+            header = fmt.ustar_block(member.encode("utf-8", "surrogateescape"), len(data), b"0")
         pos += len(header)
         offsets.append(pos)
         pos += len(data) + fmt.tar_padding(len(data))

@@ -22,7 +22,7 @@ from shardpack.write import engine as engine_mod
 from shardpack import format as fmt
 from shardpack.core.errors import ShardpackError
 from shardpack.write.plan import part_of
-from shardpack.write.samples import Source
+from shardpack.write.packsource import PackSource
 
 from tests.conftest import make_tree, proc_files
 from tests.servers import s3_server  # noqa: F401
@@ -168,10 +168,10 @@ def test_parallel_walk_gives_the_single_walks_samples_in_order(tree, tmp_path):
     the one-process walk yields, in the same order, with the same counts."""
     from concurrent.futures import ProcessPoolExecutor
 
-    single = Source(tree)
+    single = PackSource(tree)
     one = [(s.key, s.fields) for s in single]
     with ProcessPoolExecutor(2) as pool:
-        parallel = Source(tree)
+        parallel = PackSource(tree)
         parallel.use_engine(engine_mod.ExecutorEngine(pool, workers=2))
         two = [(s.key, s.fields) for s in parallel]
     assert one == two and len(one) == 90
@@ -180,9 +180,9 @@ def test_parallel_walk_gives_the_single_walks_samples_in_order(tree, tmp_path):
     files = make_tree(tmp_path / "files", {"top.bin": b"t", "a/1.bin": b"1", "a/b/2.bin": b"2",
                                            "c/3.bin": b"3", "c/.hidden": b""})
     with ProcessPoolExecutor(2) as pool:
-        parallel = Source(files)
+        parallel = PackSource(files)
         parallel.use_engine(engine_mod.ExecutorEngine(pool, workers=2))
-        assert [s.key for s in parallel] == [s.key for s in Source(files)] == \
+        assert [s.key for s in parallel] == [s.key for s in PackSource(files)] == \
             ["top", "a/1", "a/b/2", "c/3"]
         assert parallel.report.hidden == 1
 
@@ -385,7 +385,7 @@ def test_parts_are_disjoint_and_cover_the_tree(tree, tmp_path):
         assert got and all(part_of(k, 3) == i for k in got) and not keys & set(got)
         keys |= set(got)
         assert summary.samples == len(got)
-    assert keys == {s.key for s in Source(tree)}
+    assert keys == {s.key for s in PackSource(tree)}
     for bad in ("3/3", "x", (1, 0), "-1/2"):
         with pytest.raises(ShardpackError, match="--part"):
             shardpack.pack(tree, tmp_path / "bad", part=bad)
@@ -401,10 +401,10 @@ def test_parallel_walk_splits_deep_trees_and_counts_the_same(tmp_path):
     files.update({"top.bin": b"t", "x/p/.hidden": b"", "y/q/v/.DS_Store": b"", "x/mid.bin": b"m"})
     root = make_tree(tmp_path / "deep", files)
     os.symlink("../..", root / "x" / "p" / "u" / "loop")  # back to x: a loop
-    one = Source(root, skip_bad=True)
+    one = PackSource(root, skip_bad=True)
     single = [(s.key, s.fields) for s in one]
     with ProcessPoolExecutor(2) as pool:
-        source = Source(root, skip_bad=True)
+        source = PackSource(root, skip_bad=True)
         source.use_engine(engine_mod.ExecutorEngine(pool, workers=2))
         units = source.units()
         assert sum(u[3] for u in units) >= 8 and len(units) > 8  # split below the top level
@@ -489,9 +489,9 @@ def test_one_changed_remote_file_costs_only_its_own_sample(tmp_path, monkeypatch
     url = _memory_tree("rv-changed", {f"{i:02d}.bin": bytes(10) for i in range(6)})
     real = fields.RemoteFiles.__init__
 
-    def shrink_then_init(self, *args):  # after the walk, before the shard reads its files
-        fsspec.filesystem("memory").pipe_file("/rv-changed/04.bin", b"abc")
-        real(self, *args)
+    def shrink_then_init(self, *args, **kwargs):  # after the walk, before the shard reads
+        fsspec.filesystem("memory").pipe_file("/rv-changed/04.bin", b"abc")  # its files
+        real(self, *args, **kwargs)
 
     monkeypatch.setattr(fields.RemoteFiles, "__init__", shrink_then_init)
     summary = shardpack.pack(url, tmp_path / "out", workers=1, skip_bad=True)
@@ -562,7 +562,7 @@ def test_a_dead_walk_task_is_one_line_and_marks_the_run_failed(tree, tmp_path):
     def die(*_):
         os._exit(3)
 
-    from shardpack.write import samples as samples_mod
+    from shardpack.write import packsource as samples_mod
 
     with ProcessPoolExecutor(2) as pool:
         real = samples_mod.walk_unit

@@ -194,7 +194,7 @@ def test_throughput_is_a_good_fraction_of_direct(nginx, proxy, record_property):
     shows), 5 times each way, alternating. Direct loopback here swings between ~2 and ~9 GB/s
     from one GET to the next (where the scheduler puts nginx and the client), the proxy much
     less (~1.1-2.5 GB/s on 2 cores): the median through the proxy must reach 0.2x the direct
-    median, or 0.5 GB/s (loose: a loaded machine; tools/bench_remote.py --fast records it)."""
+    median, or 0.5 GB/s (loose: a loaded machine; the fastlink suite records it)."""
     p = proxy(nginx.port, 0.015)
     rates = {"direct": [], "proxy": []}
     for _ in range(5):

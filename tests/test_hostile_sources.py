@@ -195,7 +195,7 @@ def _valid_tars() -> list[tuple[bytes, list[int]]]:
     """Valid archives of one member, and the offsets of their header blocks."""
     out = []
     for name, size in (("a.jpg", 3), ("x" * 150 + ".png", 600), ("ünï.txt", 0),
-                       ("big.bin", fmt._OCTAL_SIZE_LIMIT)):
+                       ("big.bin", fmt.OCTAL_SIZE_LIMIT)):
         head = fmt.tar_header(name, size)
         data = bytes(min(size, 700))
         blob = head + data + bytes(fmt.tar_padding(len(data))) + fmt.TAR_END

@@ -220,7 +220,7 @@ def _known_gap(edit) -> bool:
 
 
 def test_manifest_edit_sweep(packed):
-    """tools/bench_faults.py's sweep (every value of the manifest edited by its type, keys
+    """The faults suite's sweep (every value of the manifest edited by its type, keys
     removed, text re-written; about 600 edits, a second): verify refuses each edit, apart from
     those that leave nothing to refuse and the known gaps above, and never raises."""
     out, _ = packed

@@ -63,7 +63,8 @@ def test_imports_run_down_the_layers(path):
             pytest.fail(f"{path.name}:{line} imports the top-level package: take it from its layer")
         assert there is not None, f"{path.name}:{line}: {module} is in no layer"
         assert LAYERS.index(there) <= LAYERS.index(here), (
-            f"{path.relative_to(PACKAGE)}:{line} ({here}) imports {module} ({there}), a later layer")
+            f"{path.relative_to(PACKAGE)}:{line} ({here}) imports {module} ({there}), "
+            "a later layer")
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))

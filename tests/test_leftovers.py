@@ -148,7 +148,7 @@ def test_a_folder_without_its_record_is_judged_by_its_name(ds, tmp_path):
     """A kill between making the work folder and writing its record (or while a run removes
     it) leaves no owner.json: the name carries the owner's pid, start time and boot, so the
     next run removes it at once when that process is gone, never when it lives."""
-    from shardpack.interop.unpack import _name_tag
+    from shardpack.interop.workdir import name_tag as _name_tag
 
     dataset, files = ds
     out = tmp_path / "out"

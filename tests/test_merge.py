@@ -116,7 +116,7 @@ def test_other_file_system_falls_back_to_a_checked_copy(parts, tmp_path, monkeyp
     def no_link(src, dst, **kw):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    monkeypatch.setattr("shardpack.storage.os.link", no_link)
+    monkeypatch.setattr("shardpack.storage.local.os.link", no_link)
     out = tmp_path / "out"
     summary = shardpack.merge(parts, out)
     assert summary.linked == 0 and summary.streamed == 2 * summary.shards
@@ -129,7 +129,7 @@ def test_other_file_system_falls_back_to_a_checked_copy(parts, tmp_path, monkeyp
 def test_a_streamed_copy_that_differs_is_refused(parts, tmp_path, monkeypatch):
     """A part whose shard changed after packing (same size): the copy is hashed on the way,
     found different, removed, and the merge publishes nothing."""
-    monkeypatch.setattr("shardpack.storage.os.link",
+    monkeypatch.setattr("shardpack.storage.local.os.link",
                         lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EXDEV, "x")))
     shard = parts[1] / manifest(parts[1])["shards"][0]["name"]
     data = bytearray(shard.read_bytes())

@@ -178,7 +178,7 @@ def test_one_short_of_a_pass_each_epoch(n):
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_upsampled_and_unshuffled_sources_keep_their_passes(shuffle):
     sizes, seed = [7, 5], 9
-    own = P._source_seed(seed, 0)
+    own = P.source_seed(seed, 0)
     base = [P.epoch_order(sizes, seed=own, epoch=p, shuffle=shuffle, block_size=3,
                           window=7).tolist() for p in range(10)]
     for c in (12, 25, 36):  # upsampled: whole passes, each its own order
@@ -205,7 +205,7 @@ def test_orders_kept_from_mix_order_version_1(seed):
             want = []
             for s, (src, c) in enumerate(zip(sizes, counts, strict=True)):
                 n = sum(src)
-                passes = [P.epoch_order(src, seed=P._source_seed(seed, s), epoch=p,
+                passes = [P.epoch_order(src, seed=P.source_seed(seed, s), epoch=p,
                                         shuffle=shuffle, block_size=3, window=7)
                           for p in range(epoch * c // n, ((epoch + 1) * c - 1) // n + 1)]
                 stream = np.concatenate(passes) if passes else np.zeros(0, np.int64)

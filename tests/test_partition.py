@@ -182,6 +182,8 @@ def test_share_equals_the_full_computation(seed):
     kw = dict(seed=seed, epoch=seed % 4, block_size=int(rng.integers(1, 7)),
               window=int(rng.integers(1, 10)), shuffle=seed % 11 != 0)
     order = P.epoch_order(sizes, spans=spans, partial=partial, **kw)
+    settings = P.Order(seed=seed, shuffle=kw["shuffle"], block_size=kw["block_size"],
+                       window=kw["window"], affinity=seed % 3 != 0, partial=partial)
     try:
         ranks = P.resume_sequences(order, history, world, partial)
     except ValueError:  # a history that could not have happened (k past the share)
@@ -190,13 +192,13 @@ def test_share_equals_the_full_computation(seed):
     for r in range(world):
         for w in range(workers):
             want = P.worker_split(ranks[r], workers, w, batch)
-            got = P.share(sizes, world=world, rank=r, num_workers=workers, worker=w,
-                          batch_size=batch, partial=partial, spans=spans, history=history, **kw)
+            got = P.share(sizes, settings, kw["epoch"], world=world, rank=r,
+                          num_workers=workers, worker=w, batch_size=batch, history=history)
             assert got.ids.tolist() == want.ids.tolist()
             assert got.repeat.tolist() == want.repeat.tolist() and got.dropped == want.dropped
             seen += got.ids[~got.repeat].tolist()
-        assert len({len(P.share(sizes, world=world, rank=q, partial=partial, spans=spans,
-                                history=history, **kw)) for q in range(world)}) == 1
+        assert len({len(P.share(sizes, settings, kw["epoch"], world=world, rank=q,
+                                history=history)) for q in range(world)}) == 1
     if not history:  # the union over all (rank, worker) shares: each sample once (+ padding)
         want = n if partial == "pad" else n // world * world
         assert len(seen) == len(set(seen)) == want
@@ -232,7 +234,8 @@ def test_share_after_long_resume_histories_serves_every_sample_once(seed):
             seen += s.ids[:k].tolist()
     ranks = P.resume_sequences(order, history, world)
     for r in range(world):
-        got = P.share(sizes, world=world, rank=r, history=history, **kw)
+        got = P.share(sizes, P.Order(seed=seed, block_size=2, window=5), world=world, rank=r,
+                      history=history)
         assert got.ids.tolist() == ranks[r].ids.tolist()
         assert got.repeat.tolist() == ranks[r].repeat.tolist()
         seen += got.ids[~got.repeat].tolist()

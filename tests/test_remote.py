@@ -18,7 +18,7 @@ from shardpack.storage import cache as cache_module
 from shardpack.storage.cache import CacheItem, ShardCache
 from shardpack.core.errors import DatasetNotFoundError, IntegrityError, RemoteError
 from shardpack.read.reader import DatasetReader
-from shardpack.storage import RetryPolicy, Storage
+from shardpack.storage import RemoteStorage, RetryPolicy, Storage
 
 from tests.conftest import make_tree, run_cli
 from tests.servers import delay_proxy, fault_server, http_server, s3_server  # noqa: F401
@@ -225,7 +225,7 @@ def test_download_that_differs_from_the_manifest_never_enters_the_cache(local_ds
     def no_read_back(path):  # over HTTP the hash is taken on the way: nothing is read back
         raise AssertionError(f"{path} was read back to be hashed")
 
-    monkeypatch.setattr(cache_module, "_file_hash", no_read_back)
+    monkeypatch.setattr(cache_module, "file_hash", no_read_back)
     ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=0)
     got = []
     with pytest.raises(IntegrityError, match=r"shard-00002.tar: downloaded shard does not match "
@@ -375,14 +375,14 @@ def test_fast_start_first_batch_without_whole_shards(local_ds, http_server, tmp_
     server = http_server(local_ds)
     expected = _expected(local_ds)
     release = threading.Event()
-    real = Storage.download
+    real = RemoteStorage.download
 
     def held_download(self, name, dest, size, **kw):
         if name.endswith(".tar"):  # shards wait; indexes go through
             assert release.wait(60), "whole-shard download was never released"
         return real(self, name, dest, size, **kw)
 
-    monkeypatch.setattr(Storage, "download", held_download)
+    monkeypatch.setattr(RemoteStorage, "download", held_download)
     ds = ShardDataset(server.url, cache_dir=tmp_path / "cache", seed=3, batch_size=8,
                       batched=True, prefetch=2)
     it = iter(ds)
@@ -474,7 +474,7 @@ def test_download_streams_one_request_and_splits_large_files(local_ds, http_serv
     assert (tmp_path / "whole").read_bytes() == data
     gets = [e for e in server.requests(name) if e["method"] == "GET"]
     assert [e["range"] for e in gets] == [""]  # one GET, no Range header
-    monkeypatch.setattr(Storage, "STREAM_MAX", 1000)
+    monkeypatch.setattr(RemoteStorage, "STREAM_MAX", 1000)
     assert storage.download(name, str(tmp_path / "parts"), len(data), part_size=4096,
                             parallel=3) is None  # parts arrive out of order: the caller hashes
     assert (tmp_path / "parts").read_bytes() == data

@@ -14,11 +14,12 @@ import pytest
 import shardpack
 from shardpack import ShardDataset
 from shardpack import format as fmt
-from shardpack import storage as storage_module
+from shardpack.storage import base as storage_module
 from shardpack.core.errors import FormatError, IntegrityError, RemoteError
 from shardpack.read.reader import DatasetReader
-from shardpack.storage import (BadResponseError, RetryPolicy, Storage, StorageOptionError,
-                               _local_path, _same_host)
+from shardpack.storage import BadResponseError, RetryPolicy, Storage, StorageOptionError
+from shardpack.storage.http import same_host
+from shardpack.storage.local import local_url_path
 
 from tests.conftest import make_tree, run_cli
 from tests.servers import FaultServer
@@ -259,7 +260,7 @@ def test_redirect_to_another_host_is_refused(local_ds, truth, serve, tmp_path):
     assert other.requests_for("shardpack.json") == 1
     # from the command line "-o follow_redirects_to_other_hosts=False" is the string 'False':
     # refused in one line, never read as yes
-    from shardpack.cli.main import _parse_options
+    from shardpack.cli.common import parse_storage_options as _parse_options
     from shardpack.storage import StorageOptionError
 
     for text in ("False", "no", "0"):
@@ -274,7 +275,7 @@ def test_same_host_rule():
     from yarl import URL
 
     def same(a, b):
-        return _same_host(URL(a), URL(b))
+        return same_host(URL(a), URL(b))
 
     assert same("http://h:8000/a", "http://H:8000/b") and same("http://h/a", "https://h/a")
     assert not same("http://h:8000/a", "http://h:8001/a")  # another port: another host
@@ -327,13 +328,13 @@ def test_local_path_with_double_colon(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert _read_all("x::y") == expected and Storage("x::y").root == str(out)
     assert Storage(f"file://{out}").root == str(out)
-    assert _local_path("simplecache::s3://bucket/ds", "simplecache::s3") is None
-    assert _local_path("memory::ds", "file") is None  # a chain whose first piece is a protocol
-    assert _local_path(str(tmp_path / "new::z"), "file") == str(tmp_path / "new::z")
+    assert local_url_path("simplecache::s3://bucket/ds", "simplecache::s3") is None
+    assert local_url_path("memory::ds", "file") is None  # a chain whose first piece is a protocol
+    assert local_url_path(str(tmp_path / "new::z"), "file") == str(tmp_path / "new::z")
     # a file:// URL holding "::" that does not exist yet: packed there, not into its prefix
     shardpack.pack(src, f"file://{tmp_path}/ds::v2", workers=1)
     assert (tmp_path / "ds::v2" / fmt.MANIFEST_NAME).is_file() and not (tmp_path / "ds").exists()
-    assert _local_path("zip://member::s3://bucket/a.zip", "zip") is None
+    assert local_url_path("zip://member::s3://bucket/a.zip", "zip") is None
 
 
 def test_bounded_reads_keep_stats_apart(local_ds, serve):
@@ -350,7 +351,7 @@ def test_bounded_reads_keep_stats_apart(local_ds, serve):
 def test_streamed_copy_stops_past_the_manifest_size(local_ds, tmp_path, monkeypatch):
     """copy_from (merge) streams a source through this process: one longer than its manifest
     says is not read on past the size (an endless source would fill the disk), and refused."""
-    monkeypatch.setattr("shardpack.storage.os.link",
+    monkeypatch.setattr("shardpack.storage.local.os.link",
                         lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EXDEV, "x")))
     monkeypatch.setattr(Storage, "COPY_CHUNK", 1000)
     reads = []

@@ -326,13 +326,13 @@ def packed(files, tmp_path_factory):
 def test_stats_sizes_every_image_that_decodes_and_the_counts_add_up(packed, monkeypatch):
     ds, sizes = packed
     spans = []
-    real = stats_mod._read
+    real = stats_mod.read_spans
 
     def spy(reader, wanted):
         spans.extend(wanted)
         return real(reader, wanted)
 
-    monkeypatch.setattr(stats_mod, "_read", spy)
+    monkeypatch.setattr(stats_mod, "read_spans", spy)
     result = run_cli("info", ds, "--stats")
     out = result.output
     # headers only: nothing near the whole dataset is read

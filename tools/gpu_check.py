@@ -362,7 +362,7 @@ def make_data(tmp: Path, count: int, synthetic: bool) -> tuple[Path, str, dict]:
         source, size = f"synthetic numpy+Pillow images ({why})", make_synthetic(img, count)
     gen_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    shardpack.pack(img, tmp / "ds", format="tar", shard_size="64MB")
+    shardpack.pack(img, tmp / "ds", shard_format="tar", shard_size="64MB")
     pack_s = time.perf_counter() - t0
     shutil.rmtree(img, ignore_errors=True)  # the packed copy is all the check reads
     source += f", avg {size / max(count, 1) / 1024:.0f} KB"
@@ -385,7 +385,7 @@ def make_loader(run, feed: str, workers: int, *, batch: int | None = None,
                         pin_memory=cuda and feed != "gpu",
                         prefetch_factor=2 if workers else None)
     backend = standin_backend() if feed == "gpu" and run.smoke else None
-    return shardpack.DeviceLoader(loader, device=run.device, decode=feed, size=run.size,
+    return shardpack.DeviceLoader(loader, device=run.device, decode_on=feed, size=run.size,
                                   normalize=normalize, on_error="skip", decode_backend=backend)
 
 

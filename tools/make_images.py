@@ -168,14 +168,7 @@ def make_images(out, count, classes=10, seed=0, tiny=False, workers=None, qualit
     names = class_names(classes)
     for name in names:
         os.makedirs(os.path.join(out, name), exist_ok=True)
-    data_dir = skimage_data_dir()
-    used = sorted({c % len(PHOTOS) for c in range(min(classes, len(PHOTOS)))})
-    sources = {}
-    for p in used:  # scale pyramid: crops from a level of short side 512 see most of the photo
-        photo = Image.open(os.path.join(data_dir, PHOTOS[p])).convert("RGB")
-        sources[p] = [photo.resize((round(photo.width * k), round(photo.height * k)),
-                                   Image.BILINEAR)
-                      for k in (s / min(photo.size) for s in LEVELS[:1 if tiny else None])]
+    sources = _load_sources(classes, tiny)
     rng = np.random.default_rng(seed)
     noise = rng.normal(NOISE_BIAS, NOISE_SIGMA, (704, 704, 3))
     tiles = [Image.fromarray(np.clip(noise + rng.uniform(-12, 12, 3), 0, 255).astype(np.uint8))
@@ -189,45 +182,70 @@ def make_images(out, count, classes=10, seed=0, tiny=False, workers=None, qualit
         size = min(count, math.ceil(TINY_POOL / classes) * classes)
         _S["pool"] = [render(i, tiny=True) for i in range(size)]
     workers = max(1, min(workers or os.cpu_count() or 1, math.ceil(count / _S["chunk"])))
-    total = 0
     if workers == 1:
-        bar = _progress_bar(count, progress)
-        for start in range(0, count, _S["chunk"]):
-            stop = min(count, start + _S["chunk"])
-            total += _write_chunk(start, stop)
-            bar and bar.update(stop - start)
+        total = _write_serial(count, progress)
     else:
-        ctx = mp.get_context("fork")
-        next_chunk, results = ctx.Value("q", 0), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(next_chunk, results), daemon=True)
-                 for _ in range(workers)]
-        for p in procs:
-            p.start()
-        running, bar = workers, _progress_bar(count, progress)  # its thread: after fork
-        try:
-            while running:
-                try:
-                    msg = results.get(timeout=1.0)
-                except queue.Empty:  # a worker killed hard (e.g. OOM) never reports
-                    if any(p.exitcode not in (None, 0) for p in procs):
-                        raise RuntimeError("an image worker died unexpectedly") from None
-                    continue
-                if msg is None:
-                    running -= 1
-                elif msg[0] == "error":
-                    raise RuntimeError("image worker failed:\n" + msg[1])
-                else:
-                    total += msg[1]
-                    bar and bar.update(msg[0])
-        finally:
-            for p in procs:
-                if p.is_alive() and running:
-                    p.terminate()
-                p.join()
-    bar and bar.close()
+        total = _write_parallel(count, workers, progress)
     _S.clear()
     return dict(count=count, bytes=total, classes=classes,
                 seconds=time.perf_counter() - t0, out=out)
+
+
+def _load_sources(classes, tiny):
+    """{photo index: its scale pyramid} for the photos the classes use."""
+    data_dir = skimage_data_dir()
+    used = sorted({c % len(PHOTOS) for c in range(min(classes, len(PHOTOS)))})
+    sources = {}
+    for p in used:  # scale pyramid: crops from a level of short side 512 see most of the photo
+        photo = Image.open(os.path.join(data_dir, PHOTOS[p])).convert("RGB")
+        sources[p] = [photo.resize((round(photo.width * k), round(photo.height * k)),
+                                   Image.BILINEAR)
+                      for k in (s / min(photo.size) for s in LEVELS[:1 if tiny else None])]
+    return sources
+
+
+def _write_serial(count, progress):
+    """Every chunk in this process; the bytes written."""
+    total, bar = 0, _progress_bar(count, progress)
+    for start in range(0, count, _S["chunk"]):
+        stop = min(count, start + _S["chunk"])
+        total += _write_chunk(start, stop)
+        bar and bar.update(stop - start)
+    bar and bar.close()
+    return total
+
+
+def _write_parallel(count, workers, progress):
+    """The chunks on ``workers`` forked processes; the bytes written."""
+    ctx = mp.get_context("fork")
+    next_chunk, results = ctx.Value("q", 0), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(next_chunk, results), daemon=True)
+             for _ in range(workers)]
+    for p in procs:
+        p.start()
+    total, running, bar = 0, workers, _progress_bar(count, progress)  # its thread: after fork
+    try:
+        while running:
+            try:
+                msg = results.get(timeout=1.0)
+            except queue.Empty:  # a worker killed hard (e.g. OOM) never reports
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("an image worker died unexpectedly") from None
+                continue
+            if msg is None:
+                running -= 1
+            elif msg[0] == "error":
+                raise RuntimeError("image worker failed:\n" + msg[1])
+            else:
+                total += msg[1]
+                bar and bar.update(msg[0])
+    finally:
+        for p in procs:
+            if p.is_alive() and running:
+                p.terminate()
+            p.join()
+    bar and bar.close()
+    return total
 
 
 def main(argv=None):

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh --with-nginx
-.venv/bin/python -m ruff check shardpack tests tools
-bash tools/bench_setup_peers.sh --keep
+.venv/bin/python -m ruff check shardpack tests tools benchmarks
+bash benchmarks/suites/setup_peers.sh --keep
 export SHARDPACK_REQUIRE_PEERS=1
 exec .venv/bin/python -m pytest "$@"

@@ -1,5 +1,5 @@
-# Sourced (not run) by the benchmark venv scripts (tools/bench_setup_peers.sh,
-# tools/bench_setup_loaders.sh): one way to start a side venv with the pinned CPU torch.
+# Sourced (not run) by the benchmark venv scripts (benchmarks/suites/setup_peers.sh,
+# benchmarks/suites/setup_loaders.sh): one way to start a side venv with the pinned CPU torch.
 #
 # fresh_torch_venv VENV: delete VENV, make it anew with $PY, install torch==2.13.0 FIRST (the CPU
 # wheel pip finds on disk), then leave for the caller:

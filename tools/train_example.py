@@ -123,7 +123,7 @@ def main() -> None:  # noqa: C901  (the example users copy: one readable loop, t
     loader = shardpack.DeviceLoader(
         DataLoader(ds, batch_size=None, num_workers=args.workers,
                    persistent_workers=args.workers > 0, pin_memory=cuda),
-        device=device, decode=args.decode, size=args.size)
+        device=device, decode_on=args.decode, size=args.size)
     model = build_model(args.model, classes).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)

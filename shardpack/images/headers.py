@@ -9,7 +9,8 @@ import io
 import struct
 
 from shardpack.core.errors import DecodeError
-from shardpack.images.content import content_format, decode_rgb, describe_content, sniff
+from shardpack.images.content import decode_rgb
+from shardpack.images.kinds import content_format, describe_content, sniff
 
 
 class HeaderShort(Exception):
@@ -195,7 +196,11 @@ def header_info(data) -> tuple[tuple[int, int], str]:
     no pixels decoded, and a large image is a size here, not an error).  Where that parse fails,
     Pillow opens the header (it tolerates junk between JPEG segments and the like); where Pillow
     fails too, the image is decoded (:func:`decode_rgb`), so an image that decodes always has a
-    size.  Raises :class:`DecodeError` with the reason for one that does not."""
+    size.  Raises :class:`DecodeError` with the reason for one that does not.
+
+    Args:
+        data: the whole image file's bytes.
+    """
     import warnings
 
     from PIL import Image

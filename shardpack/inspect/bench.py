@@ -20,12 +20,29 @@ from shardpack.loader.batches import BytesBatch, collate
 from shardpack.loader.dataset import ShardDataset
 from shardpack.transforms.decode import CpuDecode
 from shardpack.transforms.device import DeviceLoader
-from shardpack.write.samples import Source
+from shardpack.write.packsource import PackSource
 from shardpack.loader.torchenv import DataLoader
 
 
 @dataclass(frozen=True)
 class BenchOptions:
+    """What ``shardpack bench`` runs (its command-line options).
+
+    Args:
+        decode: where images decode: ``"none"`` (bytes only), ``"cpu"`` (CpuDecode in the
+            workers) or ``"gpu"`` (nvJPEG): ``DeviceLoader``'s ``decode_on``, spelled as the
+            CLI's ``--decode``.
+        workers: DataLoader workers.
+        batch_size: samples per batch.
+        size: decoded image side.
+        step_ms: a simulated training step per batch (0: none).
+        batches: stop after this many batches (None: whole epochs).
+        device: where batches go.
+        epochs: epochs to run.
+        weights: several datasets: a mixture's shares.
+        epoch_size: several datasets: a mixture's samples an epoch.
+    """
+
     decode: str = "none"      # none | cpu | gpu
     workers: int = 2
     batch_size: int = 256
@@ -49,6 +66,13 @@ class Timeline:
     waits: list = dataclass_field(default_factory=list)
 
     def add(self, arrived: float, samples: int, wait: float) -> None:
+        """Record a batch.
+
+        Args:
+            arrived: seconds since the bench started.
+            samples: its samples.
+            wait: seconds the consumer waited for it.
+        """
         self.arrived.append(arrived)
         self.samples.append(samples)
         self.waits.append(wait)
@@ -68,6 +92,8 @@ class Timeline:
         return np.divide(done[1:] - done[lo], spans, out=np.zeros(len(t)), where=spans > 0)
 
     def wait_line(self) -> str | None:
+        """The wait per step after the first batch (p50, p90, max) as a report line; None
+        with fewer than two batches."""
         if len(self.waits) < 2:
             return None
         rest = np.asarray(self.waits[1:]) * 1000
@@ -78,7 +104,7 @@ class Timeline:
     def plot(self, path, title: str, step_ms: float) -> None:
         """samples/s over time and the wait per step as a PNG (matplotlib), the first batch
         marked."""
-        from shardpack.inspect.stats import new_figure, save_figure
+        from shardpack.inspect.sampling import new_figure, save_figure
 
         fig = new_figure((9, 6))
         top, bottom = fig.subplots(2, 1, sharex=True)
@@ -107,6 +133,10 @@ def _bar_width(t: np.ndarray) -> float:
 
 @dataclass
 class BenchResult:
+    """One bench run's figures: the source, samples, batches, seconds, time to the first batch,
+    bytes, the consumer's wait fraction (with a step time), undecodable images, and the
+    per-batch :class:`Timeline`."""
+
     source: str
     samples: int
     batches: int
@@ -118,6 +148,7 @@ class BenchResult:
     timeline: Timeline = dataclass_field(default_factory=Timeline)
 
     def lines(self) -> list[str]:
+        """The report, one line per figure."""
         rate = self.samples / self.seconds if self.seconds else 0.0
         out = [f"source        {self.source}",
                f"samples/s     {rate:,.0f}  ({self.samples:,} samples, {self.batches} batches, "
@@ -138,7 +169,7 @@ class FilesDataset:
     """Map-style dataset over an unpacked tree (ImageFolder or any files), same sample dicts."""
 
     def __init__(self, root):
-        self.samples = list(Source(root))
+        self.samples = list(PackSource(root))
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -167,6 +198,14 @@ class _CollateDecode:
 
 
 def make_loader(dataset: str | list | None, files: str | None, opts: BenchOptions):
+    """The DataLoader the bench reads: over the packed ``dataset`` (a list: a mixture), or over
+    the unpacked tree ``files``, with CpuDecode in the workers for ``decode="cpu"``.
+
+    Args:
+        dataset: a packed dataset, or a list of them.
+        files: an unpacked file tree instead.
+        opts: the bench's options.
+    """
     decode = CpuDecode(opts.size, on_error="skip") if opts.decode == "cpu" else None
     kwargs = dict(num_workers=opts.workers, persistent_workers=opts.workers > 0)
     if files is not None:
@@ -180,10 +219,18 @@ def make_loader(dataset: str | list | None, files: str | None, opts: BenchOption
 
 def run(dataset: str | None, opts: BenchOptions, files: str | None = None,
         progress: bool = False) -> BenchResult:
+    """Run the pipeline (DataLoader -> DeviceLoader) as ``opts`` says and measure it.
+
+    Args:
+        dataset: a packed dataset (or a list of them: a mixture).
+        opts: the bench's options.
+        files: an unpacked file tree to read instead.
+        progress: show a progress bar.
+    """
     started = time.perf_counter()
     loader = make_loader(dataset, files, opts)
     device_loader = DeviceLoader(loader, device=opts.device,
-                                 decode={"none": None}.get(opts.decode, opts.decode),
+                                 decode_on={"none": None}.get(opts.decode, opts.decode),
                                  size=opts.size, on_error="skip")  # counted, as for CPU
     bar = None
     if progress:

@@ -22,6 +22,7 @@ from dataclasses import field as dataclass_field
 from typing import Sequence
 
 from shardpack import format as fmt
+from shardpack.core.deprecation import keyword_only, renamed
 from shardpack.core.errors import ShardpackError
 from shardpack.read.reader import DatasetReader, record_payload
 from shardpack.write.skips import read_skips
@@ -29,6 +30,9 @@ from shardpack.write.skips import read_skips
 
 @dataclass(frozen=True)
 class Problem:
+    """One problem ``verify`` found: the file it is in, what is wrong, and the sample's key
+    where one sample is at fault."""
+
     path: str
     reason: str
     key: str | None = None
@@ -40,6 +44,9 @@ class Problem:
 
 @dataclass
 class VerifyReport:
+    """What ``verify`` checked (shards, samples, bytes) and every problem it found; the rest
+    is what the indexes and shards say, gathered for the manifest's check."""
+
     shards: int = 0
     samples: int = 0
     bytes: int = 0
@@ -56,12 +63,24 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Whether no problem was found."""
         return not self.problems
 
 
-def verify(url, storage_options: dict | None = None, progress: bool = False,
+@renamed(url="dataset")
+@keyword_only("storage_options", "progress", "decode")
+def verify(dataset, *, storage_options: dict | None = None, progress: bool = False,
            decode: bool = False) -> VerifyReport:
-    reader = DatasetReader(url, storage_options)
+    """Check the dataset at ``dataset``: every shard and index against the manifest, every
+    sample against its index, and the manifest against what the indexes hold.
+
+    Args:
+        dataset: the dataset's folder or URL (``url=`` is the deprecated spelling).
+        storage_options: fsspec options for a remote dataset.
+        progress: show a progress bar over the shards.
+        decode: also decode every image field in full.
+    """
+    reader = DatasetReader(dataset, storage_options=storage_options)
     report = VerifyReport(problems=[])
     shards = range(len(reader.shards))
     if progress:
@@ -84,13 +103,34 @@ def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Proble
     """The manifest's totals and descriptions against what the indexes and shards hold: each
     difference is named (docs/format.md lists the keys)."""
     m, where = reader.manifest, reader.storage.display(fmt.MANIFEST_NAME)
+    out = _manifest_totals(m, reader.shards, report, where)
+    out += _verify_skip_report(reader, where)
+    for key in WRITTEN:  # pack and merge write these; decode_manifest checks their values
+        if key not in m.raw:
+            out.append(Problem(where, f"the {key!r} key is missing (pack and merge always "
+                                      "write it)"))
+    if m.layout not in LAYOUTS:
+        out.append(Problem(where, f"layout is {m.layout!r}, expected one of {LAYOUTS}"))
+    if m.group not in (None, "image", "webdataset"):
+        out.append(Problem(where, f"group is {m.group!r}, expected null, 'image' or "
+                                  "'webdataset'"))
+    # derivable for ImageFolder packs only (a converted label may lie outside its class list,
+    # and decode_manifest allows a class list with no other layout)
+    if m.layout == "imagefolder" and m.classes is not None:
+        out += _class_problems(m, len(reader.shards), report, where)
+    return out
+
+
+def _manifest_totals(m: fmt.Manifest, shards, report: VerifyReport,
+                     where: str) -> list[Problem]:
+    """The manifest's counts, version, fields and skip counts against the shard entries and
+    the indexes."""
     out = []
 
     def differs(what: str, found, derived, how: str) -> None:
         if found != derived:
             out.append(Problem(where, f"{what} is {found!r}, but {how} give {derived!r}"))
 
-    shards = reader.shards
     differs("num_samples", m.num_samples, sum(s.samples for s in shards),
             "the shard entries")
     differs("num_shards", m.num_shards, len(shards), "the shard entries")
@@ -106,32 +146,24 @@ def _verify_manifest(reader: DatasetReader, report: VerifyReport) -> list[Proble
             out.append(Problem(where, f"skipped counts {sum(skipped.values())} entries, but "
                                       f"the indexes record {report.writer_skips} skipped by "
                                       "the shard writers"))
-    out += _verify_skip_report(reader, where)
-    for key in WRITTEN:  # pack and merge write these; decode_manifest checks their values
-        if key not in m.raw:
-            out.append(Problem(where, f"the {key!r} key is missing (pack and merge always "
-                                      "write it)"))
-    if m.layout not in LAYOUTS:
-        out.append(Problem(where, f"layout is {m.layout!r}, expected one of {LAYOUTS}"))
-    if m.group not in (None, "image", "webdataset"):
-        out.append(Problem(where, f"group is {m.group!r}, expected null, 'image' or "
-                                  "'webdataset'"))
-    classes = m.classes
-    # derivable for ImageFolder packs only (a converted label may lie outside its class list,
-    # and decode_manifest allows a class list with no other layout)
-    if m.layout == "imagefolder" and classes is not None:
-        if report.indexes_read == len(shards) and report.samples and \
-                "cls" not in report.fields:
-            out.append(Problem(where, "layout is 'imagefolder', but no sample has a 'cls' "
-                                      "field (pack gives every sample of a class folder one)"))
-        if report.max_cls is not None and report.max_cls >= len(classes):
-            out.append(Problem(where, f"{len(classes)} classes, but a sample has cls "
-                                      f"{report.max_cls}"))
-        for (cls, folder), (path, key, count) in report.misfiled.items():
-            more = f" (and {count - 1:,} more samples like it)" if count > 1 else ""
-            out.append(Problem(path, f"the manifest's classes[{cls}] is {classes[cls]!r}, but "
-                                     f"this sample with cls {cls} is in class folder "
-                                     f"{folder!r}{more}", key))
+    return out
+
+
+def _class_problems(m: fmt.Manifest, shards: int, report: VerifyReport,
+                    where: str) -> list[Problem]:
+    """An ImageFolder pack's classes against the samples' ``cls`` labels and class folders."""
+    out, classes = [], m.classes
+    if report.indexes_read == shards and report.samples and "cls" not in report.fields:
+        out.append(Problem(where, "layout is 'imagefolder', but no sample has a 'cls' "
+                                  "field (pack gives every sample of a class folder one)"))
+    if report.max_cls is not None and report.max_cls >= len(classes):
+        out.append(Problem(where, f"{len(classes)} classes, but a sample has cls "
+                                  f"{report.max_cls}"))
+    for (cls, folder), (path, key, count) in report.misfiled.items():
+        more = f" (and {count - 1:,} more samples like it)" if count > 1 else ""
+        out.append(Problem(path, f"the manifest's classes[{cls}] is {classes[cls]!r}, but "
+                                 f"this sample with cls {cls} is in class folder "
+                                 f"{folder!r}{more}", key))
     return out
 
 
@@ -188,10 +220,9 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     # keys unpack would refuse, undecodable images: reported after the structural checks
     found, others = _sample_problems(reader.manifest, index, data, path, report, decode)
     problems += found
-    if index.shard_format == "tar" and not problems:
-        tail = data[int(index.starts[-1]):]
-        if tail != fmt.TAR_END:
-            problems.append(Problem(path, "tar shard does not end with two zero blocks"))
+    why = None if problems else index.codec.file_tail_problem(data, int(index.starts[-1]))
+    if why:
+        problems.append(Problem(path, why))
     return named + problems + others
 
 
@@ -208,7 +239,7 @@ def _index_against_manifest(m: fmt.Manifest, entry: fmt.ShardEntry, index: fmt.S
     if index.shard_hash.hex() != entry.hash:
         problems.append(Problem(path, "the manifest's hash of this shard differs from the "
                                       "one its index records"))
-    if not entry.name.endswith(fmt.SHARD_SUFFIX[index.shard_format]):
+    if not entry.name.endswith(index.codec.suffix):
         problems.append(Problem(path, f"a {index.shard_format} shard named "
                                       f"{entry.name!r}"))
     return problems
@@ -223,11 +254,10 @@ def _shard_file_problems(entry: fmt.ShardEntry, index: fmt.ShardIndex, data: byt
                                       f"{entry.bytes} (truncated or extended)"))
     elif fmt.content_hash(data) != entry.hash:
         problems.append(Problem(path, "shard hash does not match the manifest"))
-    if index.shard_format == "msgpack":
-        try:
-            fmt.check_msgpack_file_header(data[:fmt.MSGPACK_HEADER.size])
-        except ShardpackError as exc:
-            problems.append(Problem(path, exc.message))
+    try:
+        index.codec.check_file_head(data)
+    except ShardpackError as exc:
+        problems.append(Problem(path, exc.message))
     return problems
 
 
@@ -317,33 +347,7 @@ def _check_images(index: fmt.ShardIndex, row: int, record, path: str, key: str) 
 
 
 def _check_structure(index: fmt.ShardIndex, row: int, record, path: str) -> None:
-    key = index.key(row)
-    fields = index.sample_fields(row)
+    """The record's payload and its own structure against the index (tar members, msgpack
+    map), in full; raises :class:`~shardpack.core.errors.FormatError`."""
     payload = record_payload(index, row, record, path)
-    if index.shard_format == "tar":
-        pos = 0
-        for name, off, size in fields:
-            member = fmt.parse_tar_member(payload, pos)
-            expected = index.member_name(key, name)
-            if member.name != expected:
-                raise fmt.FormatError(f"tar member {member.name!r} does not match the index, "
-                                      f"which names it {expected!r}")
-            if member.size != size:
-                raise fmt.FormatError(f"tar member {expected!r} is {member.size} bytes, the "
-                                      f"index says {size}")
-            if pos + member.data_offset != off:
-                raise fmt.FormatError(f"tar member {expected!r} has its data at payload offset "
-                                      f"{pos + member.data_offset}, the index says {off}")
-            pos += member.end
-        if pos != len(payload):
-            raise fmt.FormatError("tar record has bytes the index does not account for")
-        return
-    obj = fmt.decode_payload(bytes(payload), max_fields=len(index.fields))
-    if obj[fmt.KEY_FIELD] != key:
-        raise fmt.FormatError(f"record key {obj[fmt.KEY_FIELD]!r} != index key")
-    names = sorted(n for n in obj if n != fmt.KEY_FIELD)
-    if names != [n for n, _, _ in fields]:
-        raise fmt.FormatError(f"record fields {names} != index fields")
-    for name, off, size in fields:
-        if obj[name] != bytes(payload[off:off + size]):
-            raise fmt.FormatError(f"field {name!r} does not match its indexed bytes")
+    index.codec.check_members(index, row, payload, whole=True)

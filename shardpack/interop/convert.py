@@ -19,14 +19,16 @@ Format detection (``--from auto``), documented in docs/convert.md:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
 
 from shardpack import format as fmt
 from shardpack.core.errors import DatasetNotFoundError, RemoteError, ShardpackError, SourceError
-from shardpack.write.pack import PackSummary, make_options, pack, pack_source
 from shardpack.storage import Storage
+from shardpack.write.options import PackOptions, takes_options
+from shardpack.write.pack import PackSummary, pack_files, pack_source
 
 CONTAINER_FORMATS = {  # --from name -> (module, class) under shardpack.interop.sources
     "webdataset": ("webdataset", "WebDatasetSource"),
@@ -34,22 +36,35 @@ CONTAINER_FORMATS = {  # --from name -> (module, class) under shardpack.interop.
     "litdata": ("litdata", "LitDataSource"),
     "parquet": ("parquet", "ParquetSource"),
 }
-PACK_FORMATS = ("imagefolder", "csv", "jsonl")
+PACK_FORMATS = ("imagefolder", "csv", "jsonl")  # packed by the file walk (``pack``)
 FORMATS = tuple(CONTAINER_FORMATS) + PACK_FORMATS
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+FILE_FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl"}
 
 
 def source_class(name: str):
+    """The source class that reads the container format ``name`` (imported on first use: each
+    needs its own optional libraries).
+
+    Args:
+        name: a key of :data:`CONTAINER_FORMATS`.
+    """
     module, cls = CONTAINER_FORMATS[name]
     return getattr(importlib.import_module(f"shardpack.interop.sources.{module}"), cls)
 
 
 def detect_format(src, storage_options: dict | None = None) -> str:
-    """The ``--from`` format of ``src``, or a :class:`SourceError` saying why it is ambiguous."""
+    """The ``--from`` format of ``src``, or a :class:`SourceError` saying why it is ambiguous.
+
+    Args:
+        src: the source's path or URL.
+        storage_options: fsspec options for a remote ``src``.
+    """
     src = os.fspath(src)
     lowered = src.rstrip("/").lower()
-    if lowered.endswith((".tar", ".tar.gz", ".tgz")):
+    if lowered.endswith(TAR_SUFFIXES):
         return "webdataset"
-    for suffix, name in ((".parquet", "parquet"), (".csv", "csv"), (".jsonl", "jsonl")):
+    for suffix, name in FILE_FORMATS.items():
         if lowered.endswith(suffix):
             return name
     storage = Storage(src, storage_options)
@@ -63,10 +78,15 @@ def detect_format(src, storage_options: dict | None = None) -> str:
             return found
         raise SourceError("index.json is neither an MDS nor a LitData index",
                           path=storage.display("index.json"), hint="pass --from")
+    return _folder_format(storage, src)
+
+
+def _folder_format(storage: Storage, src: str) -> str:
+    """The format of a folder without index.json, from what it holds."""
     names = storage.listdir()
     if not names and not storage.exists():
         raise SourceError("source does not exist", path=src)
-    tars = [n for n in names if n.endswith((".tar", ".tar.gz", ".tgz"))]
+    tars = [n for n in names if n.endswith(TAR_SUFFIXES)]
     parquets = [n for n in names if n.endswith(".parquet")]
     if tars and parquets:
         raise SourceError("source holds both tar and parquet files: cannot tell the format",
@@ -78,7 +98,7 @@ def detect_format(src, storage_options: dict | None = None) -> str:
     visible = [n for n in names if not n.startswith(".")]
     if _has_parquet_below(storage):  # Hugging Face layouts: data/train-0000-of-0001.parquet
         return "parquet"
-    if storage.local and visible and all(os.path.isdir(storage.path(n)) for n in visible):
+    if visible and storage.every_folder(visible):
         return "imagefolder"
     raise SourceError("cannot tell the source format", path=src,
                       hint=f"pass --from, one of {', '.join(FORMATS)}")
@@ -88,30 +108,7 @@ def _has_parquet_below(storage: Storage, depth: int = 3, peek: int = 64) -> bool
     """Parquet files in sub-folders, at most ``depth`` levels down.  Locally only the first
     ``peek`` entries of each folder are looked at, so an ImageFolder tree of a million images is
     not walked just to tell it from a Hugging Face ``data/train-*.parquet`` layout."""
-    if not storage.local:
-        try:
-            found = storage.fs.find(storage.root, maxdepth=depth)
-        except (OSError, ValueError):
-            return False
-        return any(p.endswith(".parquet") and "/." not in p for p in found)
-
-    def look(folder: str, level: int) -> bool:
-        try:
-            with os.scandir(folder) as it:
-                for n, entry in enumerate(it):
-                    if n >= peek:
-                        return False
-                    if entry.name.startswith("."):
-                        continue
-                    if entry.name.endswith(".parquet"):
-                        return True
-                    if level < depth and entry.is_dir() and look(entry.path, level + 1):
-                        return True
-        except OSError:
-            return False
-        return False
-
-    return look(storage.root, 1)
+    return storage.has_file_below(".parquet", depth, peek)
 
 
 def _refuse_shardpack_source(src: str, storage_options: dict | None) -> None:
@@ -144,21 +141,33 @@ def _index_kind(data: bytes) -> str | None:
     return None
 
 
+@takes_options("convert")
 def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
-            label_column: str | None = None, format: str = "tar", shard_size="256MB",
-            max_samples: int | None = None, compression: str = "none", zstd_level: int = 3,
-            resize: int | None = None, quality: int = 90, skip_bad: bool = False,
-            check: str = "quick", workers: int | None = None, resume: bool = False,
-            overwrite: bool = False, executor=None, engine: str = "local",
-            address: str | None = None, progress: bool = False,
+            label_column: str | None = None, options: PackOptions, executor=None,
             storage_options: dict | None = None) -> PackSummary:
-    """Convert a dataset in another format (``from_``: one of :data:`FORMATS`, or ``"auto"``)
-    into a shardpack dataset at ``out``; the options are those of :func:`shardpack.pack`.
+    """Convert a dataset in another format into a shardpack dataset at ``out``.
 
-    ``storage_options`` apply to both SRC and OUT.  Pickle-encoded columns (MDS ``pkl``,
-    LitData's pickle serializer) are refused unless ``allow_pickle``: unpickling runs code from
-    the file.  ``label_column`` (Parquet sources only) names a column that becomes the class
-    label field ``cls`` (docs/convert.md)."""
+    Takes the options of :func:`shardpack.pack` but the file walk's (``layout``, ``group``,
+    ``follow_links``, ``allow_empty_classes``, ``part``) as keywords (each a field of
+    :class:`~shardpack.write.options.PackOptions`; the old ``format=`` and ``skip_bad=`` still
+    work, with a DeprecationWarning), or all at once as ``options=PackOptions(...)``.
+
+    Args:
+        src: the source's path or URL.
+        out: the dataset's folder or URL.
+        from_: the source's format, one of :data:`FORMATS`, or ``"auto"``
+            (:func:`detect_format`).
+        allow_pickle: accept pickle-encoded columns (MDS ``pkl``, LitData's pickle serializer),
+            refused by default: unpickling runs code from the file.
+        label_column: Parquet sources only: a column that becomes the class label field
+            ``cls`` (docs/convert.md).
+        options: the pack options (given as keywords, or as ``options=``).
+        executor: any ``concurrent.futures.Executor``; overrides ``engine``.
+        storage_options: fsspec options for both ``src`` and ``out``.
+
+    Returns:
+        A :class:`~shardpack.write.summary.PackSummary`.
+    """
     src = os.fspath(src)
     _refuse_shardpack_source(src, storage_options)
     name = detect_format(src, storage_options) if from_ in (None, "auto") else from_
@@ -167,28 +176,19 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
     if label_column is not None and name != "parquet":
         raise SourceError(f"--label-column is only for Parquet sources (this source is {name})",
                           path=src)
-    common = dict(format=format, shard_size=shard_size, max_samples=max_samples,
-                  compression=compression, zstd_level=zstd_level, resize=resize,
-                  quality=quality, skip_bad=skip_bad, check=check, workers=workers,
-                  resume=resume, overwrite=overwrite, executor=executor, engine=engine,
-                  address=address, progress=progress, storage_options=storage_options)
     if name in PACK_FORMATS:
         if name == "imagefolder":
             if not os.path.isdir(src):
                 raise SourceError("an ImageFolder source must be a local folder", path=src)
-            return pack(src, out, layout="imagefolder", **common)
-        if not src.endswith(f".{name}"):
+            options = dataclasses.replace(options, layout="imagefolder")
+        elif not src.endswith(f".{name}"):
             raise SourceError(f"--from {name} needs a .{name} listing file", path=src)
-        return pack(src, out, **common)
-    options = make_options(format=format, shard_size=shard_size, max_samples=max_samples,
-                           compression=compression, zstd_level=zstd_level, resize=resize,
-                           quality=quality, skip_bad=skip_bad, layout=name, check=check)
+        return pack_files(src, out, options, executor=executor, storage_options=storage_options)
+    options = dataclasses.replace(options, layout=name)
     extra = {"label_column": label_column} if label_column is not None else {}
-    source = source_class(name)(src, storage_options=storage_options, skip_bad=skip_bad,
+    source = source_class(name)(src, storage_options=storage_options, skip_bad=options.skip_bad,
                                 allow_pickle=allow_pickle, **extra)
-    origin = {"source": os.path.abspath(src) if source.storage.local else src, "from": name,
+    origin = {"source": source.origin, "from": name,
               "allow_pickle": allow_pickle, **extra}
-    return pack_source(source, out, options, origin=origin, workers=workers, resume=resume,
-                       overwrite=overwrite, executor=executor, engine=engine, address=address,
-                       progress=progress, storage_options=storage_options,
-                       source_options=storage_options)
+    return pack_source(source, out, options, origin=origin, executor=executor,
+                       storage_options=storage_options, source_options=storage_options)

@@ -54,6 +54,9 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 @dataclass
 class ExportSummary:
+    """What :func:`export` did: OUT, the format, samples, files and field bytes written,
+    seconds, and notes."""
+
     out: str
     to: str
     samples: int = 0
@@ -64,6 +67,7 @@ class ExportSummary:
     first_skips: list = field(default_factory=list)  # export skips nothing; kept for the CLI
 
     def line(self) -> str:
+        """The one-line summary the CLI prints."""
         return (f"exported {self.samples:,} samples ({self.bytes / 1e6:,.1f} MB of fields) to "
                 f"{self.to} at {self.out}: {self.files:,} files in {self.seconds:.1f} s")
 
@@ -74,13 +78,22 @@ class _NotInteger(Exception):
 
 def export(dataset, out, *, to: str, storage_options: dict | None = None,
            shard_size="256MB", overwrite: bool = False, progress: bool = False) -> ExportSummary:
-    """Write the dataset at ``dataset`` to ``out`` as ``to`` (one of :data:`EXPORT_FORMATS`).
-    ``storage_options`` apply to both.  Returns an :class:`ExportSummary`."""
+    """Write the dataset at ``dataset`` to ``out`` as ``to``; returns an :class:`ExportSummary`.
+
+    Args:
+        dataset: the dataset's folder or URL.
+        out: the folder or URL written (must be missing or empty unless ``overwrite``).
+        to: one of :data:`EXPORT_FORMATS`.
+        storage_options: fsspec options, for both ``dataset`` and ``out``.
+        shard_size: where a tar or Parquet file ends (bytes, or a size like "256MB").
+        overwrite: replace an earlier export at ``out``.
+        progress: show a progress bar.
+    """
     if to not in EXPORT_FORMATS:
         raise ShardpackError(f"unknown export format {to!r}: expected one of {EXPORT_FORMATS}")
     limit = parse_size(shard_size)
     started = time.perf_counter()
-    reader = open_reader(dataset, storage_options)
+    reader = open_reader(dataset, storage_options=storage_options)
     check_shard_names(reader)
     summary = ExportSummary(out=os.fspath(out), to=to)
     try:
@@ -108,8 +121,9 @@ def _export(reader, dataset, out, to: str, storage_options: dict | None, limit: 
                       progress, summary)
     else:
         storage = Storage(out, storage_options)
-        if storage.local:
-            resolve_out(storage.root)  # refuses a link to nothing or to a file; follows the rest
+        local = storage.local_path()
+        if local is not None:
+            resolve_out(local)  # refuses a link to nothing or to a file; follows the rest
         made = _prepare(storage, overwrite)
         int_cls = "cls" in reader.fields
         while True:
@@ -215,7 +229,8 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
                   overwrite: bool, progress: bool, summary: ExportSummary) -> None:
     from shardpack.interop.unpack import remove_stale, unpack, unpack_replacing
 
-    if not Storage(out, storage_options).local:
+    target = Storage(out, storage_options)
+    if target.local_path() is None:  # unpack writes a tree of files of this machine
         raise ShardpackError("--to files writes a local folder", path=out,
                              hint="export to webdataset or parquet for remote storage")
     out = resolve_out(out)  # a symbolic link OUT: its folder is the one replaced
@@ -226,11 +241,9 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
                              hint="choose a new folder, or pass --overwrite to replace it")
     if busy and not os.path.isdir(out):
         raise ShardpackError("output exists and is not a folder", path=out)
-    if busy and reader.storage.local:
-        real, source = os.path.realpath(out), os.path.realpath(reader.storage.root)
-        if source == real or source.startswith(real + os.sep):
-            raise ShardpackError("output folder holds the dataset being exported; refusing to "
-                                 "replace it", path=out, hint="choose another folder")
+    if busy and Storage(out, storage_options).contains(reader.storage) is not None:
+        raise ShardpackError("output folder holds the dataset being exported; refusing to "
+                             "replace it", path=out, hint="choose another folder")
     for shard in range(len(reader.shards)):
         index = reader.index(shard)
         summary.samples += index.num_samples
@@ -238,7 +251,7 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
     # both build the tree in one hidden work folder beside OUT, which a killed run leaves behind
     # and the next run removes (shardpack/interop/unpack.py, docs/packing.md)
     run = unpack_replacing if busy else unpack
-    summary.files = run(dataset, out, storage_options, progress)
+    summary.files = run(dataset, out, storage_options=storage_options, progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,47 +17,67 @@ links are never followed inside OUT.
 
 from __future__ import annotations
 
-import errno
-import json
 import os
-import socket
 import stat
-import time
-import uuid
 
 import numpy as np
 
 from shardpack import format as fmt
-from shardpack.core.errors import FileSystemError, FormatError, ShardpackError, UnsafePathError
+from shardpack.core.deprecation import keyword_only, renamed
+from shardpack.core.errors import FormatError, ShardpackError, UnsafePathError
+from shardpack.interop.workdir import (
+    UNMARKED_GRACE_S, WORK_OLD, WORK_OWNER, WORK_TREE, make_work_dir, os_error, owner_record,
+    remove_stale, remove_tree, remove_work, write_all,
+)
 from shardpack.read.reader import DatasetReader, record_payload
 
 NAME_MAX = 255    # bytes in one path component, where os.pathconf cannot tell
 PATH_MAX = 4096   # bytes in a whole path, the terminating NUL included
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_shown = fmt.shown_name  # names in messages: a key thousands of characters long is cut
+# the work folder's names, also here where they were first (tests, tools and export import them)
+__all__ = ["NAME_MAX", "PATH_MAX", "UNMARKED_GRACE_S", "WORK_OLD", "WORK_OWNER", "WORK_TREE",
+           "check_shard_names", "os_error", "owner_record", "remove_stale", "remove_tree",
+           "remove_work", "resolve_out", "unpack", "unpack_replacing"]
 
 
-def unpack(url, out, storage_options: dict | None = None, progress: bool = False) -> int:
-    """Write every field of every sample under ``out``; returns the number of files written."""
-    return _unpack(url, out, storage_options, progress, replace=False)
+@renamed(url="dataset")
+@keyword_only("storage_options", "progress")
+def unpack(dataset, out, *, storage_options: dict | None = None, progress: bool = False) -> int:
+    """Write every field of every sample under ``out``; returns the number of files written.
+
+    Args:
+        dataset: the dataset's folder or URL (``url=`` is the deprecated spelling).
+        out: the output folder (absent, or an empty folder).
+        storage_options: fsspec options for a remote dataset.
+        progress: show a progress bar.
+    """
+    return _unpack(dataset, out, storage_options, progress, replace=False)
 
 
 def unpack_replacing(url, out, storage_options: dict | None = None,
                      progress: bool = False) -> int:
     """:func:`unpack` onto an existing folder ``out`` (``export --to files --overwrite``; the
     caller has checked that it may be replaced): the new tree is built beside it and swapped in
-    by two renames when complete; the old tree is then removed."""
+    by two renames when complete; the old tree is then removed.
+
+    Args:
+        url: the dataset's folder or URL.
+        out: the folder to replace.
+        storage_options: fsspec options for a remote dataset.
+        progress: show a progress bar.
+    """
     return _unpack(url, out, storage_options, progress, replace=True)
 
 
 def _unpack(url, out, storage_options: dict | None, progress: bool, replace: bool) -> int:
-    reader = DatasetReader(url, storage_options)
+    reader = DatasetReader(url, storage_options=storage_options)
     check_shard_names(reader)
     out = resolve_out(out)
     remove_stale(out)  # before any refusal: a killed run's leftovers go whatever this run does
     if not replace and os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ShardpackError("output exists and is not an empty folder", path=out,
                              hint="choose a new folder")
-    work = _work_dir(out)
+    work = make_work_dir(out)
     tree = os.path.join(work, WORK_TREE)
     bar = None
     if progress:
@@ -91,191 +111,6 @@ def _unpack(url, out, storage_options: dict | None, progress: bool, replace: boo
     return job.written
 
 
-def remove_work(work: str) -> None:
-    """Remove a work folder of this run: its trees first, its owner record last, so that a
-    kill on the way leaves a folder the next run can still judge (:func:`remove_stale`)."""
-    for part in (WORK_OLD, WORK_TREE):
-        remove_tree(os.path.join(work, part))
-    remove_tree(work)
-
-
-# -- the hidden work folder and its owner ---------------------------------------------------------
-#
-# OUT's tree is built in ``.OUT.tmp-PID-XXXXXXXX/tree`` beside OUT (on the same file system, so a
-# rename publishes it); ``export --overwrite`` moves the old OUT to ``.../old`` and the new tree
-# onto OUT.  Everything a run leaves behind when it is killed is in that one folder, and its
-# ``owner.json`` (written right after the folder is made, before anything else) says which
-# process owns it: pid, the process's start time (clock ticks since boot, /proc/PID/stat), the
-# boot id and the pid namespace.  The next run for the same OUT removes a work folder whose owner
-# is gone: same boot and pid namespace, and /proc/PID missing, a zombie, or started at another
-# time (the pid was reused).  Anything it cannot judge (another machine over NFS, another
-# container, after a reboot, not Linux, another user's folder, no record) is left alone: a
-# leftover costs disk space, removing a live run's tree would break that run.
-
-WORK_OWNER = "owner.json"
-WORK_TREE = "tree"
-WORK_OLD = "old"
-UNMARKED_GRACE_S = 60.0  # an older release's empty work folder without its record: only past this
-
-
-def _work_dir(out: str) -> str:
-    """Make the hidden work folder beside ``out`` (after removing stale ones), its owner record
-    and its empty ``tree``; returns its path."""
-    parent, base = os.path.split(out)
-    work = os.path.join(parent, f".{base}.tmp-{_name_tag()}-{uuid.uuid4().hex[:8]}")
-    try:
-        os.makedirs(parent, exist_ok=True)
-        remove_stale(out)
-        os.mkdir(work)
-    except OSError as exc:
-        raise os_error(exc, out, doing="cannot create the output folder") from None
-    try:
-        record = owner_record() or {"pid": os.getpid()}
-        record["command"] = "shardpack unpack/export"
-        fd = os.open(os.path.join(work, WORK_OWNER),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            _write_all(fd, json.dumps(record).encode())
-        finally:
-            os.close(fd)
-        os.mkdir(os.path.join(work, WORK_TREE))
-    except OSError as exc:
-        remove_tree(work)
-        raise os_error(exc, out, doing="cannot create the output folder") from None
-    return work
-
-
-def _read_small(path: str, limit: int = 4096) -> bytes | None:
-    """Up to ``limit`` bytes of a regular file (never a link, FIFO or device), or None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _process_start(pid: int) -> int | None:
-    """Start time of process ``pid`` (clock ticks after boot), or None when there is no such
-    process (or it is a zombie: it has exited and only waits to be reaped)."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return None
-    data = _read_small(f"/proc/{pid}/stat")
-    if not data:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()  # the name in (...) may hold spaces
-    try:
-        return None if fields[0] in (b"Z", b"X") else int(fields[19])  # state; starttime
-    except (IndexError, ValueError):
-        return None
-
-
-def _this_system() -> tuple[str, str] | None:
-    """(boot id, pid namespace) of this process, or None without Linux's /proc."""
-    boot = _read_small("/proc/sys/kernel/random/boot_id")
-    try:
-        namespace = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-    return (boot.decode("ascii", "replace").strip(), namespace) if boot else None
-
-
-def _name_tag() -> str:
-    """What a work folder's name says of its owner, so that a folder without its record (a
-    kill between the ``mkdir`` and writing ``owner.json``, or while the folder is removed) can
-    still be judged: ``PID-START-BOOT`` (start: clock ticks after boot; BOOT: the boot id's
-    first 8 characters), or the pid alone where /proc cannot tell more."""
-    record = owner_record()
-    if record is None:
-        return str(os.getpid())
-    return f"{record['pid']}-{record['start']}-{record['boot'][:8]}"
-
-
-def _named_owner_gone(tag: str) -> bool | None:
-    """From a work folder name's tag (``PID-START-BOOT``, its name after ``.tmp-`` less the
-    random part): True when the process it names is gone (same boot, and no process with that
-    pid and start time), False when it lives or the name is of another boot, None when the name
-    tells too little (an older release's ``PID``)."""
-    parts = tag.split("-")
-    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
-        return None
-    here = _this_system()
-    if here is None or here[0][:8] != parts[2]:
-        return False  # another boot or machine: the pid means nothing here
-    return _process_start(int(parts[0])) != int(parts[1])
-
-
-def owner_record(pid: int | None = None) -> dict | None:
-    """What a work folder records of its owner, process ``pid`` (default: this one), or None
-    where it cannot be known (no /proc, no such process)."""
-    pid = os.getpid() if pid is None else pid
-    here, start = _this_system(), _process_start(pid)
-    if here is None or start is None:
-        return None
-    return {"pid": pid, "start": start, "boot": here[0], "pidns": here[1],
-            "host": socket.gethostname()}
-
-
-def _owner_gone(path: str, name_pid: str) -> bool:
-    """Whether the work folder ``path`` is stale: its recorded owner process is gone."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        return False  # a link, a file, or another user's: not ours to remove
-    try:
-        record = json.loads(_read_small(os.path.join(path, WORK_OWNER)) or b"")
-    except ValueError:
-        record = None
-    if not isinstance(record, dict):
-        # killed between making the folder and writing its record, or while removing it: the
-        # name says who made it (pid, start time, boot); an older release's name holds the pid
-        # alone, trusted only for an empty folder past a grace time
-        try:
-            empty = set(os.listdir(path)) <= {WORK_OWNER}
-        except OSError:
-            return False
-        named = _named_owner_gone(name_pid)
-        if named is not None:
-            return named
-        name_pid = name_pid.split("-", 1)[0]
-        return (empty and time.time() - info.st_mtime > UNMARKED_GRACE_S
-                and name_pid.isdigit() and _process_start(int(name_pid)) is None)
-    here = _this_system()
-    if here is None or "start" not in record:
-        return False
-    if (record.get("boot"), record.get("pidns")) != here:
-        return False  # another boot, machine or container: the pid means nothing here
-    return _process_start(record.get("pid")) != record["start"]
-
-
-def remove_stale(out: str) -> list[str]:
-    """Remove the hidden work folders ``.OUT.tmp-*`` beside ``out`` whose owner process is gone
-    (a run killed with SIGKILL, or by the OOM killer); returns their paths.  A live run's folder
-    (another process writing the same OUT right now) is never touched."""
-    parent, base = os.path.split(out)
-    prefix = f".{base}.tmp-"
-    removed = []
-    try:
-        with os.scandir(parent) as entries:
-            names = [e.name for e in entries if e.name.startswith(prefix)]
-    except OSError:
-        return removed
-    for name in names:
-        path = os.path.join(parent, name)
-        if _owner_gone(path, name[len(prefix):].rsplit("-", 1)[0]):
-            remove_tree(path)
-            removed.append(path)
-    return removed
-
-
 def _fill(job: _Job, bar) -> None:
     reader = job.reader
     # An ImageFolder pack took ``cls`` from the class folder, not from a file: unpack writes the
@@ -302,7 +137,11 @@ def _fill(job: _Job, bar) -> None:
 
 def check_shard_names(reader) -> None:
     """Refuse a manifest that names one shard or index file twice: unpacking or exporting it
-    would write every sample of that shard twice."""
+    would write every sample of that shard twice.
+
+    Args:
+        reader: the dataset's reader.
+    """
     seen: set[str] = set()
     for entry in reader.shards:
         for name in (entry.name, entry.index):
@@ -328,65 +167,6 @@ def resolve_out(out) -> str:
     return target
 
 
-
-
-def os_error(exc: OSError, out: str, rel: str | None = None, tmp: str | None = None,
-             doing: str | None = None) -> FileSystemError:
-    """One line for an OS error while unpacking or exporting to ``out``: writing ``rel`` when
-    given, else ``doing`` (what failed) when given.  ``tmp`` is the hidden folder that stands for
-    ``out`` until it is complete: users never see its name."""
-    filename = os.fsdecode(exc.filename) if isinstance(exc.filename, (str, bytes)) else None
-    if rel is None and filename and tmp and (filename + "/").startswith(tmp + "/"):
-        rel, filename = os.path.relpath(filename, tmp), None
-    rel = None if rel == "." else rel
-    if exc.errno in _NO_SPACE:
-        where = f" while writing {_shown(rel)!r}" if rel else ""
-        return FileSystemError(f"out of disk space{where}; nothing was kept", path=out,
-                               hint="free some space, then run the command again",
-                               errno=exc.errno)
-    if rel:
-        return FileSystemError(f"cannot write {_shown(rel)!r}: {exc.strerror or exc}", path=out,
-                               errno=exc.errno)
-    if doing:
-        about = f" ({filename})" if filename and filename != out else ""
-        return FileSystemError(f"{doing}: {exc.strerror or exc}{about}", path=out,
-                               errno=exc.errno)
-    return FileSystemError(str(exc.strerror or exc), path=filename or out, errno=exc.errno)
-
-
-def remove_tree(path: str) -> None:
-    """``shutil.rmtree(path, ignore_errors=True)`` without recursion (a key may nest folders
-    thousands deep, past Python's recursion limit) and without following links."""
-    stack, stuck = [path], set()
-    while stack:
-        top = stack[-1]
-        deeper = False
-        try:
-            with os.scandir(top) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        if entry.path not in stuck:
-                            stack.append(entry.path)
-                            deeper = True
-                    else:
-                        try:
-                            os.unlink(entry.path)
-                        except OSError:
-                            pass
-        except FileNotFoundError:
-            stack.pop()
-            continue
-        except OSError:
-            pass
-        if deeper:
-            continue
-        stack.pop()
-        try:
-            os.rmdir(top)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            stuck.add(top)
 
 
 class _Job:
@@ -447,7 +227,7 @@ class _Job:
         except FileExistsError:
             raise _Clash(rel, folder=False) from None
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
         finally:
             os.close(fd)
         self.written += 1
@@ -515,52 +295,31 @@ def _unpack_shard(job: _Job, shard: int, bar, skip: str | None) -> None:
             raise UnsafePathError(f"refusing to write sample {_shown(key)!r}: {why}", path=path,
                                   key=_shown(key))
         payload = record_payload(index, row, view[start:end], path)
-        pos = 0
+        try:  # tar members: regular files, named and placed as the index says
+            index.codec.check_members(index, row, payload)
+        except FormatError as exc:
+            raise FormatError(exc.message, path=path, offset=start + (exc.offset or 0),
+                              key=_shown(key), hint="run 'shardpack verify'") from None
         for name, off, size in index.sample_fields(row):
-            rel = f"{key}.{name}"
-            if index.shard_format == "tar":
-                member = fmt.parse_tar_member(payload, pos)
-                why = tar_member_mismatch(member, index.member_name(key, name), size, pos, off)
-                if why:
-                    raise fmt.FormatError(why, path=path, offset=start + pos, key=_shown(key),
-                                          hint="run 'shardpack verify'")
-                pos += member.end
-            if name == skip:
-                continue
-            why = fmt.unsafe_name_reason(rel) or job.too_long(rel)
-            if why:
-                raise UnsafePathError(f"refusing to write {_shown(rel)!r}: {why}", path=path,
-                                      key=_shown(key))
-            try:
-                job.write(rel, payload[off:off + size])
-            except _Clash as clash:
-                raise job.clash_error(clash, key, rel, (shard, row)) from None
-            except OSError as exc:
-                raise os_error(exc, job.out, rel) from None
+            if name != skip:
+                _write_field(job, f"{key}.{name}", payload[off:off + size], key, (shard, row))
         if bar is not None:
             bar.update(1)
 
 
-def tar_member_mismatch(member: fmt.TarMember, name: str, size: int, pos: int,
-                        off: int) -> str | None:
-    """What differs between a tar member found at ``pos`` of a payload and the index's entry
-    (member ``name``, ``size`` bytes of data at payload offset ``off``), or None."""
-    if member.name != name:
-        return (f"tar member {_shown(member.name)!r} does not match the index, which names "
-                f"it {_shown(name)!r}")
-    if member.size != size:
-        return f"tar member {_shown(name)!r} is {member.size} bytes, the index says {size}"
-    if pos + member.data_offset != off:
-        return (f"tar member {_shown(name)!r} has its data at payload offset "
-                f"{pos + member.data_offset}, the index says {off}")
-    return None
-
-
-def _shown(name: str, limit: int = 120) -> str:
-    """``name`` for a message: a key thousands of characters long is cut in the middle."""
-    if len(name) <= limit:
-        return name
-    return f"{name[:limit // 2]}...({len(name)} characters)...{name[-limit // 4:]}"
+def _write_field(job: _Job, rel: str, data, key: str, here: tuple[int, int]) -> None:
+    """Write one field's bytes as ``rel`` under the output folder, or raise naming the sample
+    at position ``here`` (shard, row)."""
+    why = fmt.unsafe_name_reason(rel) or job.too_long(rel)
+    if why:
+        raise UnsafePathError(f"refusing to write {_shown(rel)!r}: {why}",
+                              path=job.reader.shard_path(here[0]), key=_shown(key))
+    try:
+        job.write(rel, data)
+    except _Clash as clash:
+        raise job.clash_error(clash, key, rel, here) from None
+    except OSError as exc:
+        raise os_error(exc, job.out, rel) from None
 
 
 def _pathconf(path: str, what: str, default: int) -> int:
@@ -571,8 +330,3 @@ def _pathconf(path: str, what: str, default: int) -> int:
     return value if value and value > 0 else default
 
 
-def _write_all(fd: int, data) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]

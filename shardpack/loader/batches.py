@@ -57,6 +57,30 @@ def label_value(raw) -> int:
     return value
 
 
+def check_labels(sample: dict, reader, shard: int, row: int) -> None:
+    """Parse a sample's label fields as collate will: a bad one is this sample's FormatError
+    (skippable with ``on_error="skip"``), not the whole batch's.
+
+    Args:
+        sample: the sample as read (fields as bytes).
+        reader: the reader it came from (the error names its shard and offset).
+        shard: the sample's shard.
+        row: its row in the shard.
+    """
+    from shardpack.core.errors import FormatError
+
+    for name in LABEL_FIELDS:
+        value = sample.get(name)
+        if value is None:
+            continue
+        try:
+            label_value(value)  # collate's own parse: an integer within int64
+        except ValueError as exc:
+            raise FormatError(f"field {name!r} holds {bytes(value)[:40]!r}, {exc}",
+                              path=reader.shard_path(shard), key=sample["__key__"],
+                              offset=reader.index(shard).span(row)[0]) from None
+
+
 class Keys:
     """A batch's sample keys: a read-only sequence of ``str`` (``len``, indexing, slicing,
     iteration, ``in``, ``==`` with a list, ``+`` with a list gives a list; ``list(keys)`` or
@@ -78,6 +102,11 @@ class Keys:
 
     @classmethod
     def of(cls, keys: Sequence[str]) -> "Keys":
+        """Keys held as one UTF-8 blob (undecodable names kept by ``surrogateescape``).
+
+        Args:
+            keys: the sample keys, in batch order.
+        """
         parts = [k.encode("utf-8", "surrogateescape") for k in keys]
         offsets = np.zeros(len(parts) + 1, dtype=np.int64)
         np.cumsum([len(p) for p in parts], out=offsets[1:])
@@ -97,6 +126,7 @@ class Keys:
             self._reader = None
 
     def tolist(self) -> list[str]:
+        """The keys as a list of ``str`` (decoded once, then kept)."""
         if self._strs is None:
             self._resolve()
             blob, off = self._blob, np.frombuffer(self._offsets, dtype=np.int64).tolist()
@@ -259,9 +289,15 @@ class BytesBatch(NamedTuple):
         return len(self.offsets) - 1
 
     def item(self, i: int) -> bytes:
+        """Item ``i`` as ``bytes``.
+
+        Args:
+            i: its position in the batch.
+        """
         return self.data[int(self.offsets[i]):int(self.offsets[i + 1])].numpy().tobytes()
 
     def items(self) -> list[bytes]:
+        """Every item as ``bytes``, in batch order."""
         data, offsets = self.data.numpy(), self.offsets.tolist()
         return [data[offsets[i]:offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)]
 
@@ -419,6 +455,13 @@ def by_shard(shards: np.ndarray):
 
 
 def slices(srcs: list, starts: np.ndarray, sizes: np.ndarray) -> list:
+    """``srcs[i][starts[i]:starts[i] + sizes[i]]`` for each i.
+
+    Args:
+        srcs: the buffers (one per item).
+        starts: where each item starts in its buffer.
+        sizes: each item's length.
+    """
     return [src[a:a + k] for src, a, k in zip(srcs, starts.tolist(), sizes.tolist(),
                                                             strict=True)]
 

@@ -79,6 +79,7 @@ class SlotPool:
         return _no_pool, ()
 
     def free_slots(self) -> int:
+        """Slots free now (neither claimed by a worker nor held by the owner)."""
         return int(np.count_nonzero(self._state == _FREE))
 
     def _locked(self) -> bool:
@@ -114,6 +115,12 @@ class SlotPool:
         return Lease(self, slot, nbytes, gen)
 
     def view(self, slot: int, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` of ``slot`` as a uint8 array over this process's mapping.
+
+        Args:
+            slot: the slot.
+            nbytes: bytes to view (at most the slot's size).
+        """
         return np.frombuffer(self._map, dtype=np.uint8, count=nbytes,
                              offset=self._base + slot * self.slot_bytes)
 
@@ -201,6 +208,7 @@ class Lease:
 
     @property
     def sent(self) -> bool:
+        """Whether the slot went to the owning process (which frees it then)."""
         return self._sent[0]
 
     def handle(self) -> tuple | None:
@@ -219,6 +227,12 @@ def _release_unsent(sent: list, pool: SlotPool, slot: int, gen: int) -> None:
 
 
 def pool_for(token: str) -> SlotPool:
+    """This process's pool named ``token``; a ShardpackError if it has none (a batch unpickled
+    in another process than the dataset's).
+
+    Args:
+        token: the pool's token.
+    """
     pool = _pools.get(token)
     if pool is None:
         raise ShardpackError(

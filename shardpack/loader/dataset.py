@@ -2,8 +2,10 @@
 
 ``ShardDataset`` is an ``IterableDataset`` with exact-once epochs under DDP, a deterministic block +
 window shuffle, and resumable state; ``open_dataset`` gives map-style random access (``ds[i]``,
-``ds.get(key)``).  Order and partition come from :mod:`shardpack.partition` (pure functions); this
-module only reads what they say, lazily, in whichever process iterates.
+``ds.get(key)``).  Which sample comes where is :class:`~shardpack.order.spec.Order`'s (pure
+functions in :mod:`shardpack.order`); this module only reads what it says, lazily, in whichever
+process iterates.  What is read (one dataset or a mixture) is opened by
+:mod:`shardpack.loader.sources`; remote data is fetched ahead by :mod:`shardpack.loader.fetching`.
 """
 
 from __future__ import annotations
@@ -13,19 +15,43 @@ import operator
 import warnings
 from typing import Callable, Iterator, Sequence
 
-import numpy as np
-
-from shardpack.order import partition
-from shardpack.read.access import Burst
+from shardpack.core.deprecation import renamed
 from shardpack.core.errors import ShardpackError
-from shardpack.read.prefetch import NOTHING
-from shardpack.loader.shared import SharedInt
+from shardpack.loader.batches import check_labels
 from shardpack.loader.buffers import SlotPool
-from shardpack.read.mix import MixReader, Source, sources_of
-from shardpack.read.reader import DatasetReader
+from shardpack.loader.fetching import fast_start, prefetcher
+from shardpack.loader.mapdataset import MapDataset, open_dataset
+from shardpack.loader.position import Counter, Position
+from shardpack.loader.shared import SharedInt
+from shardpack.loader.sources import (
+    check_fields, describe, is_mixture, open_reader, read_burst,
+)
+from shardpack.loader.stages import tell_epoch
 from shardpack.loader.torchenv import IterableDataset, dist, placement, settle_worker, torch
+from shardpack.order import partition
+from shardpack.order.mixing import check_saved_mix, mix_state, mix_summary
+from shardpack.order.spec import STATE_VERSION, Order, check_version, saved_unshuffled
+from shardpack.order.state import check_position, same, short
+from shardpack.read.prefetch import NOTHING
 
-STATE_VERSION = 3  # changes whenever the order of a (seed, epoch) changes (docs/reading.md)
+__all__ = ["STATE_VERSION", "Counter", "MapDataset", "Position", "ShardDataset", "open_dataset"]
+
+
+class _OrderField:
+    """A read-only ShardDataset attribute that is a field of its :class:`Order`."""
+
+    def __init__(self, field: str):
+        self.field = field
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj.order, self.field)
+
+    def __set__(self, obj, value) -> None:
+        raise AttributeError(f"{self.name} is part of the dataset's order: pass "
+                             f"ShardDataset({self.name}=...)")
 
 
 class ShardDataset(IterableDataset):
@@ -39,71 +65,89 @@ class ShardDataset(IterableDataset):
     Pass ``batch_size`` equal to the DataLoader's: workers then take whole batches round-robin, the
     loader's output is this rank's sequence in order, and ``state_dict(samples_seen=k)`` can resume
     from any plain DataLoader.  With ``torchdata``'s ``StatefulDataLoader`` the loader's own
-    ``state_dict()`` carries each worker's position.
+    ``state_dict()`` carries each worker's position.  The order's settings are one frozen
+    :class:`~shardpack.order.spec.Order`, ``ds.order``; ``seed``, ``shuffle``, ``partial``,
+    ``block_size``, ``shuffle_window`` and ``shard_affinity`` read it.
 
-    Every sample is checked against its index hash each time it is read (docs/reading.md,
-    "Integrity"): ``check="every"`` (the default); ``check="once"`` checks it the first time a
-    process reads it from a copy of its shard (then missed: bytes changed with no trace in the
-    file's stat, and a cached copy changed in place); ``check="none"`` (or
-    ``trust_storage=True``) skips it for storage you trust.
-    Mapped shards are stat-ed at each epoch's start and their size before each use, in every
-    mode: a shard changed in place is mapped again, or refused in one line.
+    Mapped shards are stat-ed at each epoch's start and their size before each use, whatever
+    ``check`` says: a shard changed in place is mapped again, or refused in one line.
+
+    Args:
+        path: a packed dataset (a folder or a URL), or a list of them (or of
+            :class:`~shardpack.Source`) read as one mixture (docs/mixing.md).
+        shuffle: shuffle each epoch (blocks of a shard, then windows); False: stored order.
+        seed: the order's seed: a (seed, epoch) gives the same order in any process.
+        fields: the fields to read (None: all of them).
+        decode: the decode stage: a callable applied to each sample (each batch with
+            ``batched=True``) where it is read, e.g. :class:`~shardpack.CpuDecode`.  A stage
+            with ``begin(epoch)`` (:class:`~shardpack.loader.stages.EpochAware`) is told the
+            epoch at each iteration start.
+        transform: a callable applied after ``decode``, the same way.
+        batch_size: the DataLoader's batch size (workers take whole batches); needed with
+            ``batched=True``.
+        partial: ``"pad"`` (repeat the first samples so every rank yields as many) or ``"drop"``
+            (drop the remainder) when an epoch does not split evenly over the ranks.
+        block_size: consecutive samples of a shard the shuffle keeps together.
+        shuffle_window: positions shuffled together after the blocks are.
+        on_error: ``"raise"`` or ``"skip"`` a sample that cannot be read (counted in
+            ``stats["skipped"]``, with a warning).
+        rank: the DDP rank (None: ``torch.distributed``, else ``RANK``, else 0).
+        world_size: the DDP world size (None: ``torch.distributed``, else ``WORLD_SIZE``, else 1).
+        batched: yield whole batches gathered straight into tensors (with
+            ``DataLoader(batch_size=None)``).
+        storage_options: fsspec options for remote data.
+        cache_dir: where remote shards are cached (None: ranged reads of chunks into memory).
+        cache_limit: the cache's size limit (``"50GB"``).
+        prefetch_shards: for remote data, the shards (chunks without a cache) each reading
+            process fetches ahead of the current batch; 0: none.  ``prefetch=`` is its old,
+            deprecated name.
+        trust_storage: the same as ``check="none"``.
+        shard_affinity: each rank shuffles within its own span of shuffled shards, so a job
+            fetches the dataset about once an epoch, not once per rank (docs/scale.md); always
+            off for a mixture.
+        slot_pool: the batch buffers ``batched=True`` workers reuse (default: one made here).
+        weights: a mixture's shares (None: each source by its size).
+        epoch_size: a mixture's samples an epoch (None: the sum of its sources' shares).
+        check: how often a sample is checked against its index hash (docs/reading.md,
+            "Integrity"): ``"every"`` read (the default); ``"once"`` the first time a process
+            reads it from a copy of its shard (then missed: bytes changed with no trace in the
+            file's stat, and a cached copy changed in place); ``"none"`` for storage you trust.
     """
 
+    seed = _OrderField("seed")
+    shuffle = _OrderField("shuffle")
+    partial = _OrderField("partial")
+    block_size = _OrderField("block_size")
+    shuffle_window = _OrderField("window")
+    shard_affinity = _OrderField("affinity")
+
+    @renamed(prefetch="prefetch_shards")
     def __init__(self, path, *, shuffle: bool = True, seed: int = 0,
                  fields: Sequence[str] | None = None, decode: Callable | None = None,
                  transform: Callable | None = None, batch_size: int | None = None,
                  partial: str = "pad", block_size: int = 256, shuffle_window: int = 4096,
                  on_error: str = "raise", rank: int | None = None, world_size: int | None = None,
                  batched: bool = False, storage_options: dict | None = None,
-                 cache_dir=None, cache_limit="50GB", prefetch: int = 2,
+                 cache_dir=None, cache_limit="50GB", prefetch_shards: int = 2,
                  trust_storage: bool = False, shard_affinity: bool = True,
                  slot_pool: SlotPool | None = None, weights: Sequence[float] | None = None,
                  epoch_size: int | None = None, check: str | None = None):
         super().__init__()
-        if partial not in partition.PARTIAL_POLICIES:
-            raise ValueError(f"partial must be one of {partition.PARTIAL_POLICIES}, got "
-                             f"{partial!r}")
+        # every rank reads every source of a mixture (docs/mixing.md): no shard affinity
+        self.order = Order(seed=seed, shuffle=shuffle, block_size=block_size,
+                           window=shuffle_window, partial=partial,
+                           affinity=shard_affinity and not is_mixture(path))
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        # a shuffle window is read at once, from up to window / block_size places: the access
-        # mode keeps that much (cached shards open, chunks in memory; docs/remote.md)
-        burst = Burst(shuffle_window, -(-shuffle_window // max(1, block_size))) if shuffle \
-            else Burst()
-        mixture = isinstance(path, (list, tuple, Source))
-        if not mixture and (weights is not None or epoch_size is not None):
-            raise ValueError("weights and epoch_size are for a mixture: pass a list of datasets")
-        self._mix: tuple | None = None  # (sizes of each source's shards, samples per epoch)
-        if mixture:  # several datasets read as one (shardpack/read/mix.py, docs/mixing.md)
-            sources = sources_of([path] if isinstance(path, Source) else path, weights)
-            self.reader = MixReader(sources, storage_options=storage_options,
-                                    cache_dir=cache_dir, cache_limit=cache_limit,
-                                    prefetch=prefetch, trust_storage=trust_storage, burst=burst,
-                                    check=check)
-            sizes = self.reader.source_sizes()
-            totals = [sum(x) for x in sizes]
-            counts = partition.allot(totals, [src.weight for src in sources],
-                                     [src.fixed(n) for src, n in zip(sources, totals,
-                                                                     strict=True)], epoch_size)
-            self._mix = (tuple(tuple(x) for x in sizes), tuple(counts))
-            shard_affinity = False  # every rank reads every source (docs/mixing.md)
-        else:
-            self.reader = DatasetReader(path, storage_options, cache_dir=cache_dir,
-                                        cache_limit=cache_limit, prefetch=prefetch,
-                                        trust_storage=trust_storage, burst=burst, check=check)
-        unknown = sorted(set(fields or ()) - set(self.reader.fields))
-        if unknown:
-            raise ValueError(f"unknown fields {unknown}: the dataset has {self.reader.fields}")
-        if mixture:
-            _check_sources(self.reader, decode, fields)
-        self.path = str(path) if not mixture else ", ".join(str(src.path) for src in sources)
-        self.shuffle, self.seed, self.fields = shuffle, seed, tuple(fields) if fields else None
+        self.reader, self._mix = open_reader(
+            path, weights=weights, epoch_size=epoch_size, storage_options=storage_options,
+            cache_dir=cache_dir, cache_limit=cache_limit, prefetch=prefetch_shards,
+            trust_storage=trust_storage, burst=read_burst(self.order), check=check)
+        check_fields(self.reader, fields, decode)
+        self.path = describe(path, self.reader)
+        self.fields = tuple(fields) if fields else None
         self.decode, self.transform = decode, transform
         self.batch_size = batch_size or 1
-        self.partial, self.block_size, self.shuffle_window = partial, block_size, shuffle_window
-        # each rank shuffles within its own span of shuffled shards: a job fetches the dataset
-        # about once an epoch, not once per rank (partition.epoch_order, docs/scale.md)
-        self.shard_affinity = shard_affinity
         self.on_error = on_error
         self.batched = batched
         if batched and not batch_size:
@@ -114,9 +158,9 @@ class ShardDataset(IterableDataset):
         # set_epoch() writes here; workers (persistent ones included) read it at each __iter__
         # (NOTE [fork-shared pages] in shardpack/loader/shared.py)
         self._epoch = SharedInt(-1)
-        # batch buffers the workers reuse (shardpack.loader.buffers): made here (or given), before
-        # the
-        # DataLoader forks them; anonymous, so it lives exactly as long as the processes holding it
+        # batch buffers the workers reuse (shardpack.loader.buffers): made here (or given),
+        # before the DataLoader forks them; anonymous, so it lives exactly as long as the
+        # processes holding it
         if slot_pool is not None and not batched:
             raise ValueError("slot_pool is for batched=True (batches travel through its slots)")
         self._pool = (slot_pool or SlotPool.create()) if batched else None
@@ -159,6 +203,8 @@ class ShardDataset(IterableDataset):
 
     @property
     def epoch(self) -> int:
+        """The epoch the next (or the running) iteration reads: set_epoch's, else the passes
+        this process has started."""
         value = int(self._epoch.value)
         return value if value >= 0 else self._local_epoch
 
@@ -176,21 +222,24 @@ class ShardDataset(IterableDataset):
         n = self._epoch_samples()
         return n // where.world if self.partial == "drop" else -(-n // where.world)
 
+
     # -- state --------------------------------------------------------------------------------
     def state_dict(self, samples_seen: int | None = None) -> dict:
-        """Where the epoch stands.
+        """Where the epoch stands: the order's state form (:meth:`Order.state`), the samples an
+        epoch holds (and a mixture's sources and shares), the epoch, its resume history and,
+        inside a DataLoader worker, that worker's position.
 
-        * ``samples_seen=k`` (any DataLoader, called in the training process): this rank has
-          consumed its first ``k`` samples of the current epoch.  Loadable with any world size
-          and worker count; with the same world size the rest comes in the same order.
-        * no argument, inside the iterating process (what ``StatefulDataLoader`` does in each
-          worker): this worker's own position."""
-        base = {"version": STATE_VERSION, "num_samples": self._epoch_samples(), "seed": self.seed,
-                "shuffle": self.shuffle, "partial": self.partial, "block_size": self.block_size,
-                "shuffle_window": self.shuffle_window, "shard_affinity": self.shard_affinity}
+        Args:
+            samples_seen: ``k`` (any DataLoader, called in the training process): this rank has
+                consumed its first ``k`` samples of the current epoch; loadable with any world
+                size and worker count, and with the same world size the rest comes in the same
+                order.  None, inside the iterating process (what ``StatefulDataLoader`` does in
+                each worker): this worker's own position.
+        """
+        order = self.order.state()
+        base = {"version": order.pop("version"), "num_samples": self._epoch_samples(), **order}
         if self._mix is not None:  # sources' sizes and shares: the order depends on them
-            base["mix"] = [[sum(sizes), count] for sizes, count in zip(*self._mix, strict=True)]
-            base["mix_order"] = partition.MIX_ORDER_VERSION
+            base.update(mix_state(*self._mix))
         epoch, history = self._current()
         if samples_seen is not None:
             self._capture_dist()
@@ -207,6 +256,7 @@ class ShardDataset(IterableDataset):
                            "num_workers": running.num_workers, "worker": running.worker,
                            "batch_size": self.batch_size, "yielded": running.yielded.value}}
 
+
     def _seen(self, samples_seen) -> int:
         """``samples_seen`` as an int, refused where no rank could have seen that many (a
         state saved from it could not be loaded)."""
@@ -216,7 +266,7 @@ class ShardDataset(IterableDataset):
             seen = operator.index(samples_seen)
         except TypeError:
             raise ValueError(f"samples_seen must be an integer, found "
-                             f"{_short(samples_seen)}") from None
+                             f"{short(samples_seen)}") from None
         if not 0 <= seen <= len(self):
             raise ValueError(f"samples_seen={seen:,}: this rank's share of an epoch holds 0 to "
                              f"{len(self):,} samples")
@@ -231,81 +281,44 @@ class ShardDataset(IterableDataset):
             return epoch, [list(h) for h in self._resume["history"]]
         return epoch, []
 
+
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration yields exactly what the saved epoch had left.  A state
-        that cannot belong to this dataset (wrong types, negative or impossible counts, a
-        history longer than any run makes) is refused in one line before anything is computed
-        from it."""
+        that cannot belong to this dataset (another order version or settings, wrong types,
+        negative or impossible counts, a history longer than any run makes) is refused in one
+        line before anything is computed from it.
+
+        Args:
+            state: what :meth:`state_dict` returned (also through JSON), of this or an earlier
+                shardpack: order versions 1 and 2 load for unshuffled epochs only.
+        """
         if not isinstance(state, dict):
             raise ValueError(f"a ShardDataset state is a dict, found {type(state).__name__}")
-        # versions 1 and 2 shuffled blocks and windows from other random draws (3: one key
-        # per span and window, so a process computes its own share alone); unshuffled orders
-        # are the same in all of them
-        shuffle = state.get("shuffle")  # (a value of another type: refused below)
-        unshuffled = isinstance(shuffle, (bool, int, np.integer, type(None))) and not shuffle
-        version = state.get("version")
-        if not _same(version, STATE_VERSION) and not (_is_int(version) and version in (1, 2)
-                                                      and unshuffled):
-            why = ("states of order versions 1 and 2 resume only unshuffled epochs: do not load "
-                   "this one; start the epoch from its beginning, or finish it with the shardpack "
-                   "that saved it") if _is_int(version) and version in (1, 2) else \
-                "saved by another shardpack (or not a ShardDataset state)"
-            raise ValueError(f"unsupported state version: expected {STATE_VERSION}, found "
-                             f"{_short(version)}: {why}")
-        _check_state(state, self._epoch_samples())
-        mix = None if self._mix is None else \
-            [[sum(sizes), count] for sizes, count in zip(*self._mix, strict=True)]
-        if not _same(state.get("mix"), mix):
-            raise ValueError(f"state was saved with mixture {_short(state.get('mix'))} "
-                             f"([samples, per epoch] of each source), this dataset has "
-                             f"{_short(mix)}: resume needs the same sources and shares")
-        # mixed epochs have their own order version (single datasets' orders did not change);
-        # a state from before it (no "mix_order": version 1) loads where its epochs are the same
-        mix_version = state.get("mix_order", 1)
-        if mix is not None and (not _is_int(mix_version) or
-                                partition.mix_order_changed(mix, not unshuffled, mix_version)):
-            raise ValueError(f"unsupported mixture order version: expected "
-                             f"{partition.MIX_ORDER_VERSION}, found {_short(mix_version)}: its "
-                             "epochs read a downsampled source in another order; do not load this "
-                             "state: start the epoch from its beginning, or finish it with the "
-                             "shardpack that saved it")
-        for key in ("num_samples", "seed", "shuffle", "partial", "block_size", "shuffle_window",
-                    "shard_affinity"):
-            mine = self._epoch_samples() if key == "num_samples" else getattr(self, key)
-            saved = state.get(key, False)  # (states from before shard_affinity: False)
-            if not _same(saved, mine):
-                raise ValueError(f"state was saved with {key}={_short(saved)}, this dataset has "
-                                 f"{mine!r}: resume needs the same dataset and order settings"
-                                 + (f" (pass shard_affinity={_short(saved)})"
-                                    if key == "shard_affinity" else ""))
+        check_version(state)
+        samples = self._epoch_samples()
+        check_position(state, samples)
+        mix = None if self._mix is None else mix_summary(*self._mix)
+        check_saved_mix(state, mix, shuffled=not saved_unshuffled(state))
+        saved = state.get("num_samples", False)
+        if not same(saved, samples):
+            raise ValueError(f"state was saved with num_samples={short(saved)}, this dataset "
+                             f"has {samples!r}: resume needs the same dataset and order settings")
+        self.order.check_saved(state)
         self._resume = {"epoch": state["epoch"], "history": [list(h) for h in state["history"]],
                         "worker": state.get("worker")}
         self._epoch.value = state["epoch"]
 
     # -- iteration ----------------------------------------------------------------------------
     def _share(self, where, epoch: int, history) -> partition.Share:
+        """This worker's share of the epoch only: its cost follows the share, not the epoch
+        (docs/scale.md); with shard affinity the order is cut for the world size the epoch
+        started with (:meth:`Order.spans`)."""
+        where_kw = dict(world=where.world, rank=where.rank, num_workers=where.num_workers,
+                        worker=where.worker, batch_size=self.batch_size,
+                        history=[tuple(h) for h in history])
         if self._mix is not None:
-            # a mixture is split by position in its epoch (a sample of an upsampled source
-            # comes several times), then positions become the samples there
-            ids = partition.mix_order(self._mix[0], self._mix[1], seed=self.seed, epoch=epoch,
-                                      shuffle=self.shuffle, block_size=self.block_size,
-                                      window=self.shuffle_window)
-            order = np.arange(len(ids), dtype=np.int64)
-            share = partition.resume_sequences(order, history, where.world,
-                                               self.partial)[where.rank]
-            share = partition.worker_split(share, where.num_workers, where.worker,
-                                           self.batch_size)
-            return partition.Share(ids[share.ids], share.repeat, share.dropped)
-        # this worker's share only: its cost follows the share, not the epoch (docs/scale.md);
-        # with shard affinity the order is cut for the world size the epoch started with
-        spans = (history[0][0] if history else where.world) if self.shard_affinity else 1
-        return partition.share(self._shard_sizes(), seed=self.seed, epoch=epoch,
-                               world=where.world, rank=where.rank,
-                               num_workers=where.num_workers, worker=where.worker,
-                               batch_size=self.batch_size, partial=self.partial,
-                               shuffle=self.shuffle, block_size=self.block_size,
-                               window=self.shuffle_window, spans=spans,
-                               history=[tuple(h) for h in history])
+            return partition.mix_share(*self._mix, self.order, epoch, **where_kw)
+        return partition.share(self._shard_sizes(), self.order, epoch, **where_kw)
 
     def __iter__(self) -> Iterator[dict]:
         """One pass, as stages: order (this process's share of the epoch, and where it
@@ -318,13 +331,17 @@ class ShardDataset(IterableDataset):
         fetcher = NOTHING
         try:
             if self.reader.prefetch > 0:  # cold cache: the rank's first batch by ranged reads
-                self._fast_start_batch(position, share.ids[skip:skip + self.batch_size])
-            fetcher = self._prefetcher(share, skip, position.num_workers)
+                fast_start(self.reader, self.stats, position,
+                           share.ids[skip:skip + self.batch_size])
+            fetcher = prefetcher(self.reader, share.ids[skip:], batch_size=self.batch_size,
+                                 num_workers=position.num_workers,
+                                 window=self.order.window if self.order.shuffle else 0)
             gather = self._batches if self.batched else self._samples
             yield from gather(share, skip, position, fetcher=fetcher)
         finally:
             fetcher.close()
             self.reader.drop_pieces()
+
 
     @property
     def slot_pool(self) -> SlotPool | None:
@@ -360,11 +377,8 @@ class ShardDataset(IterableDataset):
         self._running = Position(epoch, tuple(tuple(h) for h in history), where.world,
                                  where.rank, where.num_workers, where.worker, Counter(skip))
         self.stats["dropped"] = share.dropped
-        for stage in (self.decode, self.transform):
-            if hasattr(stage, "begin"):  # stateful stages (random crops) follow the epoch
-                stage.begin(epoch)
-            elif hasattr(stage, "epoch"):
-                stage.epoch = epoch
+        for stage in (self.decode, self.transform):  # stages with random crops follow it
+            tell_epoch(stage, epoch)
         return self._running, share
 
     def _finish(self, item):
@@ -375,44 +389,6 @@ class ShardDataset(IterableDataset):
             item = self.transform(item)
         return item
 
-    def _fast_start_batch(self, where, ids) -> None:
-        """Remote data with a cache, cold: fetch the samples ``ids`` of this pass's first batch
-        with ranged reads, before this process's whole-shard downloads start.  With DataLoader
-        workers only worker 0 does (its batch is the loader's first); the others read whole
-        shards from their first batch on (docs/remote.md, "Fast start")."""
-        if where.num_workers > 1 and where.worker != 0:
-            return
-        try:
-            self.stats["fast_start_requests"] += self.reader.fetch_pieces(ids)
-        except ShardpackError:  # only a shortcut: the usual path reports the error
-            self.reader.drop_pieces()
-
-    def _prefetcher(self, share: partition.Share, skip: int, num_workers: int):
-        """For remote data: a background fetcher over the shards (or chunks) this share reads
-        from position ``skip`` on, each once, in order of first need.  It keeps on hand or on
-        the way what the current batch needs and, when shuffling, what this worker's part of
-        the next shuffle window needs (a window is read in a burst, from many shards), then
-        ``prefetch`` units more.  Samples the fast start fetched as pieces (the first batch)
-        need nothing more.  A do-nothing one for local data."""
-        reader, access = self.reader, self.reader.access
-        if not access.prefetches or reader.prefetch <= 0:
-            return NOTHING
-        served = self.batch_size if reader.has_pieces else 0
-        shards, rows = reader.locate_many(share.ids[skip + served:])
-        if not len(shards):
-            return NOTHING
-        keys = access.unit_keys(shards, rows)
-        distinct, needs = np.unique(keys, return_index=True)
-        order = np.argsort(needs, kind="stable")
-        distinct, needs = distinct[order], needs[order] + served
-        if access.all_cached(distinct.tolist()):
-            return NOTHING  # a warm epoch starts no thread (a cached shard's turn just
-            #                      marks it recently used, which keeps it from eviction)
-        units = [access.unit(k) for k in distinct.tolist()]
-        # what the mode fetches ahead of the current batch: with a cache, this worker's part
-        # of the next shuffle window (read in a burst); chunks in memory stay one window
-        ahead = access.ahead(self.shuffle_window // max(1, num_workers)) if self.shuffle else 0
-        return reader.prefetcher(units, needs, ahead)
 
     def _batches(self, share: partition.Share, skip: int, running: "Position",
                  fetcher=NOTHING) -> Iterator[dict]:
@@ -460,6 +436,7 @@ class ShardDataset(IterableDataset):
 
     def _samples(self, share: partition.Share, skip: int, running: "Position",
                  raw: bool = False, fetcher=NOTHING) -> Iterator[dict]:
+        """Sample by sample (``raw``: as read, for a batch to collate; else finished)."""
         reader = self.reader
         ids = share.ids[skip:]
         repeats = share.repeat[skip:]
@@ -476,7 +453,7 @@ class ShardDataset(IterableDataset):
             try:
                 sample = reader.read(shard, row, views=raw)  # (raw: copied into a batch)
                 if raw:  # collate parses labels: a bad one is this sample's error, skippable
-                    _check_labels(sample, reader, shard, row)
+                    check_labels(sample, reader, shard, row)
             except ShardpackError as exc:
                 if self.on_error == "raise":
                     raise
@@ -495,219 +472,3 @@ class ShardDataset(IterableDataset):
                 sample = self._finish(sample)
             self.stats["yielded"] += 1
             yield sample
-
-
-def _check_sources(reader: "MixReader", decode, fields) -> None:
-    """Each source of a mixture has what the decode stage and ``fields`` need: one line naming
-    the source otherwise."""
-    from shardpack.images.content import is_image_field
-
-    from shardpack.loader.batches import LABEL_FIELDS
-
-    wanted = getattr(decode, "field", False)  # False: the stage reads no image field
-    for i, (source, own) in enumerate(zip(reader.sources, reader.readers, strict=True)):
-        have = [f for f in own.fields if fields is None or f in fields]
-        if wanted is None and not any(is_image_field(f) for f in have):
-            raise ValueError(f"source {i} ({source.path}) has no image field (fields: "
-                             f"{', '.join(have)}), which decode needs")
-        if wanted and wanted not in have:
-            raise ValueError(f"source {i} ({source.path}) has no field {wanted!r} (fields: "
-                             f"{', '.join(have)}), which decode needs")
-        for label in LABEL_FIELDS:  # a label is a number in every sample or in none
-            used = fields is None or label in fields
-            if used and label in reader.fields and label not in own.fields:
-                raise ValueError(f"source {i} ({source.path}) has no label field {label!r}, "
-                                 f"which other sources have: pass fields=[...] without "
-                                 f"{label!r}, or mix sources that all have it")
-
-
-class Counter:
-    """A count that a frozen :class:`Position` carries and the reading loop moves on."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: int = 0):
-        self.value = value
-
-
-@dataclasses.dataclass(frozen=True)
-class Position:
-    """Where this process's iteration is: the epoch, its resume history, the placement (rank
-    and DataLoader worker), and how many of its share's samples it has yielded (the one part
-    that moves, a :class:`Counter`).  ``state_dict()`` reads it."""
-
-    epoch: int
-    history: tuple
-    world: int
-    rank: int
-    num_workers: int
-    worker: int
-    yielded: Counter
-
-
-MAX_RESUMES = 10_000  # steps a resume history may hold: one per resume within one epoch
-MAX_WORLD = 1 << 18   # ranks a saved step or worker position may name (262,144 processes)
-# A step after which the world size changes re-cuts what is left of the epoch for every rank,
-# at a cost that follows the ranks and the ranges cut so far (partition._resumed, about 1-3 us
-# each): a history may cost this many such units, a few seconds at most, where real elastic runs
-# (a 100,000-rank job resized five times: 1.5 million) stay under it
-MAX_RESUME_WORK = 1 << 21
-
-
-def _check_state(state: dict, samples: int) -> None:
-    """Refuse a state that cannot belong to a dataset of ``samples`` samples an epoch: wrong
-    types, a negative epoch or count, more samples seen than a rank's share holds, a history
-    longer than any run makes.  O(len(history)), at most MAX_RESUMES steps, and checked before
-    anything loops over it, so a crafted state (a history of 10^9 steps) fails at once."""
-    def bad(what: str) -> ValueError:
-        return ValueError(f"not a state of this dataset ({samples:,} samples an epoch): {what}")
-
-    for key in ("epoch", "history"):
-        if key not in state:
-            raise bad(f"it has no {key!r}")
-    epoch, history = state["epoch"], state["history"]
-    if not _is_int(epoch) or not 0 <= epoch < 1 << 63:
-        raise bad(f"epoch must be an integer >= 0, found {_short(epoch)}")
-    if not isinstance(history, (list, tuple)):
-        raise bad(f"history must be a list of [world, samples_seen] steps, found "
-                  f"{type(history).__name__}")
-    if len(history) > MAX_RESUMES:
-        raise bad(f"its history has {len(history):,} resume steps, more than the "
-                  f"{MAX_RESUMES:,} one epoch may record")
-    _check_history(history, samples, bad)
-    _check_worker(state.get("worker"), samples, bad)
-
-
-def _check_history(history: list, samples: int, bad) -> None:
-    """Each step ``[world, samples_seen]``: integers, a world of 1 to MAX_WORLD ranks, and no
-    more samples seen since the world size last changed than a rank's share holds; the work of
-    resuming it bounded by MAX_RESUME_WORK."""
-    run_world, run_seen, ranges, work = None, 0, 1, 0
-
-    def recut(world: int) -> None:  # the steps of ``world`` ranks end: the rest is cut anew
-        nonlocal ranges, work
-        work += ranges + world
-        ranges = min(ranges + world, samples + world)  # consumed samples cut the ranges
-        if work > MAX_RESUME_WORK:
-            raise bad(f"its history changes the world size so often, on so many ranks, that "
-                      f"resuming it would cut the epoch {work:,} times over (at most "
-                      f"{MAX_RESUME_WORK:,})")
-
-    for i, step in enumerate(history):
-        if not isinstance(step, (list, tuple)) or len(step) != 2 or \
-                not all(_is_int(v) for v in step):
-            raise bad(f"history step {i} must be [world, samples_seen] integers, found "
-                      f"{_short(step)}")
-        world, seen = int(step[0]), int(step[1])
-        if not 1 <= world <= MAX_WORLD:
-            raise bad(f"history step {i} has world size {world:,} (1 to {MAX_WORLD:,})")
-        if world != run_world:
-            if run_world is not None:
-                recut(run_world)
-            run_world, run_seen = world, 0
-        run_seen += seen
-        share = -(-samples // world)  # the most samples one rank's share of an epoch holds
-        if seen < 0 or run_seen > share:
-            raise bad(f"history step {i} says each of {world:,} ranks saw {seen:,} samples"
-                      + (f" ({run_seen:,} since the world size last changed)"
-                         if run_seen != seen else "")
-                      + f"; a rank's share holds 0 to {share:,}")
-    if run_world is not None:
-        recut(run_world)  # the world it resumes on may differ too
-
-
-def _check_worker(saved, samples: int, bad) -> None:
-    """A worker-level position (``state_dict()`` inside a DataLoader worker), or None."""
-    if saved is None:
-        return
-    names = ("world", "rank", "num_workers", "worker", "batch_size", "yielded")
-    if not isinstance(saved, dict) or any(not _is_int(saved.get(n)) for n in names):
-        raise bad(f"worker must be null or {{{', '.join(names)}: integers}}, found "
-                  f"{_short(saved)}")
-    world, rank, workers, worker, batch, yielded = (int(saved[n]) for n in names)
-    if not (1 <= world <= MAX_WORLD and 0 <= rank < world and 1 <= workers <= MAX_WORLD
-            and 0 <= worker < workers and batch >= 1 and 0 <= yielded <= samples):
-        raise bad(f"worker position {_short(saved)} is not a place in an epoch of this "
-                  f"dataset")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _same(saved, mine) -> bool:
-    """``saved == mine``, False where the comparison is not a plain truth value (an array)."""
-    try:
-        return bool(saved == mine)
-    except (TypeError, ValueError):
-        return False
-
-
-def _short(value) -> str:
-    """``repr(value)``, cut short: a state's values can be anything."""
-    import reprlib
-
-    shown = reprlib.Repr()
-    shown.maxstring = shown.maxother = 80
-    shown.maxlist = shown.maxtuple = shown.maxdict = 6
-    return shown.repr(value)
-
-
-def _check_labels(sample: dict, reader: DatasetReader, shard: int, row: int) -> None:
-    from shardpack.loader.batches import LABEL_FIELDS, label_value
-    from shardpack.core.errors import FormatError
-
-    for name in LABEL_FIELDS:
-        value = sample.get(name)
-        if value is None:
-            continue
-        try:
-            label_value(value)  # collate's own parse: an integer within int64
-        except ValueError as exc:
-            raise FormatError(f"field {name!r} holds {bytes(value)[:40]!r}, {exc}",
-                              path=reader.shard_path(shard), key=sample["__key__"],
-                              offset=reader.index(shard).span(row)[0]) from None
-
-
-class MapDataset:
-    """Map-style access to a packed dataset: ``ds[i]`` and ``ds.get(key)``, one ranged read (or
-    memory-map slice) per sample.  Works as a map-style dataset for ``DataLoader``."""
-
-    def __init__(self, path, *, decode: Callable | None = None,
-                 storage_options: dict | None = None, trust_storage: bool = False,
-                 check: str | None = None):
-        """``check``: as :class:`ShardDataset`'s (every read by default)."""
-        self.reader = DatasetReader(path, storage_options, trust_storage=trust_storage,
-                                    check=check)
-        self.decode = decode
-        self._keys: dict[str, int] | None = None
-
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def __getitem__(self, i: int) -> dict:
-        if i < 0:
-            i += len(self)
-        sample = self.reader.read_sample(i)
-        sample["__index__"] = i
-        return self.decode(sample) if self.decode else sample
-
-    def index_of(self, key: str) -> int:
-        if self._keys is None:  # built on first use: one dict over all keys
-            keys: dict[str, int] = {}
-            for shard in range(len(self.reader.shards)):
-                base = int(self.reader.offsets[shard])
-                for row, k in enumerate(self.reader.index(shard).keys()):
-                    keys[k] = base + row
-            self._keys = keys
-        try:
-            return self._keys[key]
-        except KeyError:
-            raise KeyError(f"no sample with key {key!r} in {self.reader.storage.url}") from None
-
-    def get(self, key: str) -> dict:
-        return self[self.index_of(key)]
-
-
-def open_dataset(path, **kwargs) -> MapDataset:
-    return MapDataset(path, **kwargs)

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardpack import format as fmt
 from shardpack.loader.batches import (
     LABEL_FIELDS, Batch, Keys, by_shard, label_value, pack_bytes, slices,
 )
-from shardpack.core.errors import IntegrityError
 from shardpack.read.reader import UNPARSED
 from shardpack.loader.torchenv import torch
 
@@ -44,7 +42,16 @@ def _parse_decimal(src: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np
 def gather_batch(reader, ids: np.ndarray, repeats: np.ndarray, fields=None,
                  shared: bool = False, pool=None) -> dict | None:
     """One batch of samples ``ids`` (see :class:`Gatherer`); None where the fast path does not
-    apply."""
+    apply.
+
+    Args:
+        reader: the dataset's :class:`~shardpack.read.reader.DatasetReader`.
+        ids: int64 sample numbers of the batch.
+        repeats: bool per sample, True where it repeats an earlier one (the ``__repeat__`` entry).
+        fields: the fields to gather (default: all).
+        shared: the batch crosses to another process.
+        pool: a slot pool for large fields, or None.
+    """
     return Gatherer(reader, ids, len(ids), fields, shared, pool).batch(0, len(ids), repeats)
 
 
@@ -55,10 +62,9 @@ class Gatherer:
     ``check`` says; msgpack record headers are checked in every batch.
 
     ``shared``: batches cross to another process (a DataLoader worker); ``pool``: a
-    :class:`~shardpack.loader.buffers.SlotPool` to put large fields in.  :meth:`batch` returns None
-    when
-    the fast path does not apply (remote storage without a cache, compressed records); the
-    caller then reads sample by sample.
+    :class:`~shardpack.loader.buffers.SlotPool` to put large fields in.  :meth:`batch` returns
+    None when the fast path does not apply (remote storage without a cache, compressed
+    records); the caller then reads sample by sample.
 
     Where every field of every sample lies is worked out from the indexes for a stretch of
     upcoming batches at once (1, then 4, 16 and 64 batches, so the first batch waits for its own
@@ -100,13 +106,13 @@ class Gatherer:
         sizes = {f: np.zeros(n, dtype=np.int64) for f in self.names}
         labels = {f: np.full(n, UNPARSED, dtype=np.int64) for f in self.names
                   if f in LABEL_FIELDS}
-        fast, msgpack = True, False
+        fast, framed = True, False
         for shard, sel in by_shard(shards):
             index = reader.index(shard)
             if index.compression != "none":
                 fast = False
                 break
-            msgpack |= index.shard_format == "msgpack"
+            framed |= index.codec.framed_records
             r = rows[sel]
             spans = index.field_spans
             for f in self.names:
@@ -117,10 +123,17 @@ class Gatherer:
                 if memo is not None:
                     labels[f][sel] = memo[r]
         return dict(lo=lo, hi=lo + n, shards=shards, rows=rows, starts=starts, sizes=sizes,
-                    labels=labels, fast=fast, msgpack=msgpack)
+                    labels=labels, fast=fast, framed=framed)
 
     def batch(self, lo: int, hi: int, repeats: np.ndarray) -> dict | None:
-        """The batch of positions ``lo:hi`` of ``ids``."""
+        """The batch of positions ``lo:hi`` of ``ids``, or None where the fast path does not
+        apply.
+
+        Args:
+            lo: the batch's first position in ``ids``.
+            hi: one past its last.
+            repeats: bool per sample, True where it repeats an earlier one.
+        """
         plan = self._plan
         if plan is None or not plan["lo"] <= lo < hi <= plan["hi"]:
             plan = self._plan = self._make_plan(lo)
@@ -135,7 +148,7 @@ class Gatherer:
             if buf is None:
                 return None
             bufs[shard] = memoryview(buf)
-        self._check(shards, plan["rows"][a:b], bufs, plan["msgpack"])
+        self._check(shards, plan["rows"][a:b], bufs, plan["framed"])
         out = Batch({"__key__": Keys.of_samples(reader, ids),
                      "__index__": torch.from_numpy(ids.copy()),
                      "__repeat__": torch.from_numpy(np.array(repeats, dtype=bool))})
@@ -153,19 +166,19 @@ class Gatherer:
                                 shared=self.shared)
         return out
 
-    def _check(self, shards, rows, bufs, msgpack: bool) -> None:
+    def _check(self, shards, rows, bufs, framed: bool) -> None:
         """Check this batch's samples against their index hashes as the reader's ``check``
         says (:meth:`DatasetReader.check_rows`: every read by default, in one C-driven pass a
-        shard); msgpack record headers of every sample of every batch, whatever the mode (the
-        fast path copies fields straight out of uncompressed records: a header zeroed or
-        shifted in place under the memo, or with ``check="none"``, is refused here, never
-        copied out as a zero-filled sample)."""
+        shard); record headers (msgpack's: ``framed``) of every sample of every batch, whatever
+        the mode (the fast path copies fields straight out of uncompressed records: a header
+        zeroed or shifted in place under the memo, or with ``check="none"``, is refused here,
+        never copied out as a zero-filled sample)."""
         reader = self.reader
         for shard, sel in by_shard(shards):
             r = rows[sel]
-            if msgpack and reader.index(shard).shard_format == "msgpack":
-                _check_records(reader.index(shard), r, bufs[shard], reader.shard_path(shard),
-                               IntegrityError, fmt)
+            if framed:
+                index = reader.index(shard)
+                index.codec.check_record_heads(index, r, bufs[shard], reader.shard_path(shard))
             reader.check_rows(shard, r, bufs[shard])
 
     def _labels(self, f, plan, a, b, bufs) -> np.ndarray:
@@ -228,8 +241,7 @@ def _bad_label(reader, shard: int, field: str, src, starts, sizes, rows, exc):
 def _parse_ints(field: str, src: np.ndarray, starts: np.ndarray,
                 sizes: np.ndarray) -> np.ndarray:
     """Labels that :func:`~shardpack.loader.batches.label_value` accepts (what ``int()`` does,
-    within
-    int64); ValueError otherwise."""
+    within int64); ValueError otherwise."""
     try:
         return np.array([label_value(src[p:p + k].tobytes()) for p, k in
                          zip(starts.tolist(), sizes.tolist(), strict=True)],
@@ -237,27 +249,3 @@ def _parse_ints(field: str, src: np.ndarray, starts: np.ndarray,
     except ValueError:
         raise ValueError(f"field {field!r} holds a value that is not an integer, "
                          "or is missing from some samples") from None
-
-
-
-
-def _check_records(index, rows, buf, path, IntegrityError, fmt) -> None:
-    """Record headers (stored size, no flags) of msgpack records ``rows`` of ``buf``, read in
-    one numpy gather.  Their bytes are checked by the sample hash as the reader's ``check``
-    says (:meth:`DatasetReader.check_rows`), so the CRC32C is not computed again here."""
-    size = fmt.RECORD_HEADER.size
-    src = np.frombuffer(buf, dtype=np.uint8)
-    starts = index.starts[rows].astype(np.int64)
-    ends = index.starts[rows + 1].astype(np.int64)
-    bad = (ends - starts < size) | (starts + size > len(src))
-    heads = np.zeros(len(rows), dtype=fmt.RECORD_HEADER_DTYPE)
-    ok = np.flatnonzero(~bad)
-    if len(ok):
-        windows = np.lib.stride_tricks.as_strided(src, shape=(len(src) - size + 1, size),
-                                                  strides=(1, 1))
-        heads[ok] = windows[starts[ok]].view(fmt.RECORD_HEADER_DTYPE).ravel()
-    bad |= (heads["stored"].astype(np.int64) != ends - starts - size) | (heads["flags"] != 0)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise IntegrityError("record header mismatch (stored size or flags)", path=path,
-                             offset=int(starts[i]), key=index.key(int(rows[i])))

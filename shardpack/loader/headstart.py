@@ -40,6 +40,7 @@ class HeadStart:
         return count
 
     def done(self) -> None:
+        """Worker 0's first step of this iteration is done: the waiting workers may go."""
         self._page.value = self.token
 
     def __getstate__(self):  # a copy waits for a signal of its own (NOTE in shared.py)

@@ -16,6 +16,14 @@ from multiprocessing.context import get_spawning_popen
 
 
 class SharedInt:
+    """An int64 in an anonymous shared page: the process that made it and the DataLoader
+    workers it starts see one value (NOTE above); any other copy gets a page of its own.
+
+    Args:
+        value: the initial value.
+        keep_value: whether a copy starts from the current value (True) or the initial one.
+    """
+
     __slots__ = ("initial", "keep_value", "_page")
 
     def __init__(self, value: int = -1, *, keep_value: bool = True):
@@ -24,10 +32,12 @@ class SharedInt:
 
     @property
     def value(self) -> int:
+        """The shared value (set: every process sharing the page sees it)."""
         return int(self._page.value)
 
     @value.setter
     def value(self, value: int) -> None:
+        """Set the shared value."""
         self._page.value = value
 
     def carried(self) -> "SharedInt":

@@ -20,6 +20,8 @@ __all__ = ["DataLoader", "IterableDataset", "Placement", "dist", "get_worker_inf
 
 @dataclass(frozen=True)
 class Placement:
+    """Where a process reads from: DDP rank and world size, DataLoader worker id and count."""
+
     rank: int
     world: int
     worker: int

@@ -52,6 +52,11 @@ class ShardAccess:
         self.storage, self.shards = storage, shards
 
     def index_bytes(self, shard: int) -> bytes:
+        """The bytes of shard ``shard``'s index (the reader checks them).
+
+        Args:
+            shard: a shard number.
+        """
         return self.storage.read_bytes(self.shards[shard].index)
 
     def open(self, shard: int) -> tuple[str, object] | None:
@@ -65,6 +70,11 @@ class ShardAccess:
         return MAX_OPEN_SHARDS
 
     def is_cached(self, shard: int) -> bool:
+        """Whether shard ``shard`` is in a cache now (never, without one).
+
+        Args:
+            shard: a shard number.
+        """
         return False
 
     def unit_keys(self, shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -72,12 +82,22 @@ class ShardAccess:
         return shards
 
     def unit(self, key: int):
+        """The unit (a shard, or (shard, chunk)) of a key :meth:`unit_keys` made.
+
+        Args:
+            key: a unit key.
+        """
         return int(key)
 
     def warm(self, unit) -> None:
         """Fetch a unit ahead (a background thread calls this)."""
 
     def all_cached(self, keys) -> bool:
+        """Whether every unit of ``keys`` is in a cache now.
+
+        Args:
+            keys: unit keys.
+        """
         return False
 
     def ahead(self, window: int) -> int:
@@ -86,6 +106,8 @@ class ShardAccess:
 
 
 class LocalAccess(ShardAccess):
+    """Local shard files, mapped where they lie; indexes read as regular files."""
+
     name = "local"
 
     def index_bytes(self, shard: int) -> bytes:
@@ -97,6 +119,9 @@ class LocalAccess(ShardAccess):
 
 
 class CachedAccess(ShardAccess):
+    """Remote shards fetched whole into the shared cache (verified there), then mapped;
+    indexes through the cache too."""
+
     name = "cached"
     prefetches = fast_start = True
 
@@ -111,9 +136,16 @@ class CachedAccess(ShardAccess):
 
     @property
     def open_limit(self) -> int:
+        """Cached shards a process keeps open (and locked against eviction) at most."""
         return self._open_limit
 
     def index_bytes(self, shard: int) -> bytes:
+        """The index of shard ``shard``, through the cache (fetched into it when missing),
+        read by the fd the cache verified.
+
+        Args:
+            shard: a shard number.
+        """
         from shardpack.storage.cache import CacheItem
 
         entry = self.shards[shard]
@@ -132,6 +164,12 @@ class CachedAccess(ShardAccess):
         return lambda tmp: self.storage.download(meta.name, tmp, meta.bytes)
 
     def open(self, shard: int) -> tuple[str, object]:
+        """(the cached file's path, the cache entry held open) of shard ``shard``, fetched
+        into the cache when missing.
+
+        Args:
+            shard: a shard number.
+        """
         entry = self.cache.open(self.storage.url, self.shards[shard], self._downloader(shard))
         return entry.path, entry
 
@@ -149,9 +187,19 @@ class CachedAccess(ShardAccess):
             entry.close()
 
     def all_cached(self, keys) -> bool:
+        """Whether every shard of ``keys`` is in the cache now.
+
+        Args:
+            keys: shard numbers.
+        """
         return all(self.is_cached(int(k)) for k in keys)
 
     def ahead(self, window: int) -> int:
+        """A whole shuffle window ahead: a window is read in a burst.
+
+        Args:
+            window: the shuffle window's positions.
+        """
         return window  # a shuffle window is read in a burst: fetch the next one early
 
 
@@ -188,23 +236,55 @@ class RangedAccess(ShardAccess):
         self._init_process_state()
 
     def open(self, shard: int) -> None:
+        """None: this mode maps nothing, it reads chunks.
+
+        Args:
+            shard: a shard number.
+        """
         return None
 
     def rows_per_chunk(self, shard: int) -> int:
+        """Samples of shard ``shard`` per chunk of about CHUNK_BYTES.
+
+        Args:
+            shard: a shard number.
+        """
         meta = self.shards[shard]
         return max(1, CHUNK_BYTES * meta.samples // max(1, meta.bytes))
 
     def unit_keys(self, shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Keys of the chunks that hold samples (shards, rows): shard << 32 | chunk.
+
+        Args:
+            shards: shard numbers (int64).
+            rows: rows in those shards.
+        """
         per = np.array([self.rows_per_chunk(s) for s in range(len(self.shards))])
         return shards * (1 << 32) + rows // per[shards]
 
     def unit(self, key: int):
+        """(shard, chunk) of a key :meth:`unit_keys` made.
+
+        Args:
+            key: a unit key.
+        """
         return int(key >> 32), int(key & 0xFFFFFFFF)
 
     def warm(self, unit) -> None:
+        """Fetch chunk ``unit`` into memory.
+
+        Args:
+            unit: (shard, chunk).
+        """
         self.chunk(*unit)
 
     def chunk_of(self, shard: int, row: int) -> tuple[bytes, int]:
+        """(bytes, offset in the shard) of the chunk that holds row ``row`` of shard ``shard``.
+
+        Args:
+            shard: a shard number.
+            row: a row of it.
+        """
         return self.chunk(shard, row // self.rows_per_chunk(shard))
 
     def chunk(self, shard: int, number: int) -> tuple[bytes, int]:
@@ -271,7 +351,7 @@ def make_access(storage: Storage, shards: Sequence[fmt.ShardEntry], *, index, ca
     """The mode for a dataset at ``storage``: local files are mapped where they are; remote
     ones go through the cache when ``cache_dir`` is given, else ranged reads."""
     burst = burst or Burst()
-    if storage.local:
+    if storage.local_path() is not None:  # files of this machine: mapped where they are
         return LocalAccess(storage, shards)
     if cache_dir is not None:
         from shardpack.storage.cache import ShardCache

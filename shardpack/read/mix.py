@@ -124,8 +124,8 @@ class MixReader:
                  cache_limit="50GB", prefetch: int = 2, trust_storage: bool = False,
                  burst: Burst | None = None, check: str | None = None):
         self.sources = list(sources)
-        self.readers = [DatasetReader(s.path, s.storage_options if s.storage_options is not None
-                                      else storage_options,
+        self.readers = [DatasetReader(s.path, storage_options=s.storage_options
+                                      if s.storage_options is not None else storage_options,
                                       cache_dir=s.cache_dir if s.cache_dir is not None
                                       else cache_dir, cache_limit=cache_limit,
                                       prefetch=prefetch, trust_storage=trust_storage,
@@ -151,6 +151,7 @@ class MixReader:
 
     @property
     def manifest(self):
+        """The first source's manifest (what the sources share)."""
         return self.readers[0].manifest
 
     @property
@@ -165,9 +166,11 @@ class MixReader:
 
     @property
     def fields(self) -> list[str]:
+        """The union of the sources' fields, in first-seen order."""
         return list(self._fields)
 
     def source_sizes(self) -> list[list[int]]:
+        """Each source's shard sizes in samples."""
         return [[e.samples for e in r.shards] for r in self.readers]
 
     def source_of(self, ids) -> np.ndarray:
@@ -180,46 +183,113 @@ class MixReader:
         return self.readers[s], shard - int(self.first[s])
 
     def shard_path(self, shard: int) -> str:
+        """The name users see for shard ``shard`` (its source's).
+
+        Args:
+            shard: a shard number of the mixture.
+        """
         reader, own = self._own(shard)
         return reader.shard_path(own)
 
     def index(self, shard: int):
+        """The index of shard ``shard`` (its source's, checked).
+
+        Args:
+            shard: a shard number of the mixture.
+        """
         reader, own = self._own(shard)
         return reader.index(own)
 
     def locate(self, i: int) -> tuple[int, int]:
+        """(shard, row in shard) of mixture-global sample ``i``.
+
+        Args:
+            i: a mixture-global sample id.
+        """
         return locate(self.offsets, i, "a mixture")
 
     def locate_many(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, row in shard) of each mixture-global sample id (int64 arrays).
+
+        Args:
+            ids: mixture-global sample ids.
+        """
         return locate_many(self.offsets, ids)
 
     def shard_buffer(self, shard: int):
+        """The source's map of shard ``shard`` (None without one).
+
+        Args:
+            shard: a shard number of the mixture.
+        """
         reader, own = self._own(shard)
         return reader.shard_buffer(own)
 
     def revalidate(self) -> int:
+        """Every source's :meth:`~shardpack.read.reader.DatasetReader.revalidate`; how many
+        maps were dropped."""
         return sum(r.revalidate() for r in self.readers)
 
     def unchecked(self, shard: int, rows: np.ndarray) -> np.ndarray:
+        """The rows of ``rows`` the next check would hash (the source's rule).
+
+        Args:
+            shard: a shard number of the mixture.
+            rows: rows of that shard.
+        """
         reader, own = self._own(shard)
         return reader.unchecked(own, rows)
 
     def check_rows(self, shard: int, rows, buf, base: int = 0, fresh: bool = False) -> None:
+        """Check samples ``rows`` of shard ``shard`` against its index (the source's rule).
+
+        Args:
+            shard: a shard number of the mixture.
+            rows: rows of that shard.
+            buf: the shard's bytes from offset ``base`` on.
+            base: the offset of ``buf`` in the shard.
+            fresh: whether ``buf`` is a fresh read (checked whatever the mode).
+        """
         reader, own = self._own(shard)
         reader.check_rows(own, rows, buf, base, fresh)
 
     def label_memo(self, shard: int, field: str, create: bool = False):
+        """The source's parsed labels of field ``field`` of shard ``shard``.
+
+        Args:
+            shard: a shard number of the mixture.
+            field: the label field.
+            create: make the memo when there is none.
+        """
         reader, own = self._own(shard)
         return reader.label_memo(own, field, create)
 
     def serve_keys(self, token: str) -> None:
+        """Keys of batches made in workers are looked up in this process (the pool ``token``).
+
+        Args:
+            token: the slot pool's name.
+        """
         self.keys_token = token
 
     def is_cached(self, shard: int) -> bool:
+        """Whether the source's cache holds shard ``shard`` now.
+
+        Args:
+            shard: a shard number of the mixture.
+        """
         reader, own = self._own(shard)
         return reader.is_cached(own)
 
     def read(self, shard: int, row: int, views: bool = False) -> dict:
+        """Sample ``row`` of shard ``shard``, with an empty value for every field of the
+        mixture its source lacks.
+
+        Args:
+            shard: a shard number of the mixture.
+            row: a row of it.
+            views: fields as memoryviews of the stored bytes.
+        """
         reader, own = self._own(shard)
         sample = reader.read(own, row, views)
         for name in self._fields:  # every sample has every field of the mixture
@@ -228,14 +298,32 @@ class MixReader:
         return sample
 
     def read_sample(self, i: int) -> dict:
+        """Mixture-global sample ``i``.
+
+        Args:
+            i: a mixture-global sample id.
+        """
         return self.read(*self.locate(i))
 
     # -- fetching ahead and the fast start: per source ---------------------------------------
     def warm(self, unit) -> None:
+        """Fetch ahead one unit of one source.
+
+        Args:
+            unit: (source, its own unit).
+        """
         s, own = unit
         self.readers[s].warm(own)
 
     def prefetcher(self, units: list, needs, ahead: int = 0):
+        """A background fetcher for ``units`` (see
+        :meth:`~shardpack.read.reader.DatasetReader.prefetcher`).
+
+        Args:
+            units: (source, unit) of each unit, in order of first need.
+            needs: the first reading position that needs each unit.
+            ahead: positions fetched ahead beyond the current batch.
+        """
         from shardpack.read.prefetch import NOTHING, Prefetcher
 
         if not self.access.prefetches or self.prefetch <= 0 or not units:
@@ -243,7 +331,12 @@ class MixReader:
         return Prefetcher(self, units, needs, self.prefetch, ahead)
 
     def fetch_pieces(self, ids) -> int:
+        """0: no fast start for mixtures (each source's shards come whole, docs/mixing.md).
+
+        Args:
+            ids: mixture-global sample ids.
+        """
         return 0  # not for mixtures: each source's shards come whole (docs/mixing.md)
 
     def drop_pieces(self) -> None:
-        pass
+        """Nothing: a mixture fetches no pieces."""

@@ -22,13 +22,21 @@ class NoPrefetch:
     started = False
 
     def reading(self, end: int) -> None:
-        pass
+        """Nothing to do.
+
+        Args:
+            end: the position the reader reads up to.
+        """
 
     def at(self, position: int) -> None:
-        pass
+        """Nothing to do.
+
+        Args:
+            position: the units the reader needs now.
+        """
 
     def close(self) -> None:
-        pass
+        """Nothing to do."""
 
 
 NOTHING = NoPrefetch()  # stateless: one will do for every caller
@@ -53,6 +61,7 @@ class Prefetcher:
 
     @property
     def started(self) -> bool:
+        """Whether the fetching threads have started (at the first position reported)."""
         return self._started
 
     def reading(self, end: int) -> None:
@@ -86,6 +95,7 @@ class Prefetcher:
                 pass
 
     def close(self) -> None:
+        """Stop fetching: the threads end after the unit each is fetching."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()

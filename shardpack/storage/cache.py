@@ -45,11 +45,14 @@ import xxhash
 
 from shardpack import format as fmt
 from shardpack.core.errors import CacheError, IntegrityError, ShardpackError
+from shardpack.storage.cachefiles import fd_hash, file_hash, identity, remove_if_free
 
 LOCK_NAME = ".lock"
 
 
 def default_cache_dir() -> str:
+    """The cache folder when none is given: $SHARDPACK_CACHE, else $XDG_CACHE_HOME/shardpack
+    (~/.cache/shardpack)."""
     base = os.environ.get("SHARDPACK_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shardpack")
     return base
@@ -70,16 +73,28 @@ CacheFile = CacheItem | fmt.ShardEntry  # anything with name, hash and bytes
 
 @dataclass
 class CacheEntry:
+    """A cached file in use: its path, and an open fd holding a shared lock on it (the file is
+    never evicted while the lock is held)."""
+
     path: str
     fd: int  # holds the shared lock while the entry is in use
 
     def close(self) -> None:
+        """Release the entry (close the fd, which drops its lock); closing twice is fine."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
 
 class ShardCache:
+    """The shared shard cache at ``cache_dir`` (see the module docstring).
+
+    Args:
+        cache_dir: its folder, made when missing (a folder this process cannot write is used
+            read-only).
+        limit: the bytes it may hold.
+    """
+
     def __init__(self, cache_dir: str | os.PathLike, limit: int):
         self.root = os.path.abspath(os.fspath(cache_dir))
         self.limit = limit
@@ -133,6 +148,12 @@ class ShardCache:
             raise CacheError(f"cannot {what}: the cache folder is read-only", path=self.root)
 
     def entry_path(self, dataset_url: str, shard: CacheFile) -> str:
+        """Where the cache keeps ``shard`` of the dataset at ``dataset_url``.
+
+        Args:
+            dataset_url: the dataset's URL.
+            shard: a manifest entry or :class:`CacheItem`.
+        """
         folder = xxhash.xxh3_64_hexdigest(dataset_url.rstrip("/").encode())
         return os.path.join(self.root, folder, f"{shard.hash[:32]}-{shard.name}")
 
@@ -151,7 +172,7 @@ class ShardCache:
                 return None
             if self._verify(entry, shard):
                 return entry
-            ident = _identity(entry.path, entry.fd)
+            ident = identity(entry.path, entry.fd)
             entry.close()
             if self.read_only:
                 raise IntegrityError("cached file does not match the manifest's size or hash, and "
@@ -189,50 +210,56 @@ class ShardCache:
                         tfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                                       0o644)
                     fcntl.flock(tfd, fcntl.LOCK_EX)
-            if busy is not None and not wait:
+            if busy is None:
+                return self._fetch_into(tmp, tfd, path, shard, download)
+            if not wait:
                 os.close(busy)
                 self.stats["busy"] += 1
                 return None
-            if busy is not None:  # another process is fetching it: wait for its lock to go
-                self.stats["waits"] += 1
-                try:
-                    fcntl.flock(busy, fcntl.LOCK_SH)
-                finally:
-                    os.close(busy)
-                continue
+            self.stats["waits"] += 1  # another process is fetching it: wait for its lock to go
             try:
-                digest = download(tmp)  # the content hash when computed on the way, or None
-                if os.path.getsize(tmp) != shard.bytes:
-                    raise IntegrityError(f"downloaded {os.path.getsize(tmp)} bytes, the "
-                                         f"manifest says {shard.bytes}", path=shard.name)
-                if (digest or _file_hash(tmp)) != shard.hash:
-                    raise IntegrityError("downloaded shard does not match the manifest's hash",
-                                         path=shard.name)
-                # no fsync: a process re-hashes a cache file before its first use unless it
-                # carries a stamp of this boot, so one torn by a crash (a new boot) is refetched;
-                # fsync would cost a good part of a cold remote epoch (docs/remote.md)
-                _stamp(tfd, shard.hash, own=True)  # before anyone can find it (by inode)
-                st = os.fstat(tfd)
-                with self._global():
-                    self._evict(shard.bytes, keep=path)
-                    with _writing(path, "cannot write into the cache"):
-                        os.replace(tmp, path)
-                    self._verified.add((path, st.st_size, st.st_mtime_ns))  # == _identity(path)
-                    # the same open file now is the cache entry: turn the writer's exclusive
-                    # lock into a reader's shared one (waiters wake up and find the file)
-                    fcntl.flock(tfd, fcntl.LOCK_SH)
-                    entry, tfd = CacheEntry(path, tfd), -1
-                self.stats["downloads"] += 1
-                return entry
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-                raise
+                fcntl.flock(busy, fcntl.LOCK_SH)
             finally:
-                if tfd >= 0:
-                    os.close(tfd)
+                os.close(busy)
+
+    def _fetch_into(self, tmp: str, tfd: int, path: str, shard: CacheFile,
+                    download) -> CacheEntry:
+        """Download ``shard`` into the temp file ``tmp`` (``tfd``: open, locked exclusively),
+        check it against the manifest, and publish it as ``path``: the entry, held shared.
+        Closes ``tfd``; removes ``tmp`` on any failure."""
+        try:
+            digest = download(tmp)  # the content hash when computed on the way, or None
+            if os.path.getsize(tmp) != shard.bytes:
+                raise IntegrityError(f"downloaded {os.path.getsize(tmp)} bytes, the "
+                                     f"manifest says {shard.bytes}", path=shard.name)
+            if (digest or file_hash(tmp)) != shard.hash:
+                raise IntegrityError("downloaded shard does not match the manifest's hash",
+                                     path=shard.name)
+            # no fsync: a process re-hashes a cache file before its first use unless it
+            # carries a stamp of this boot, so one torn by a crash (a new boot) is refetched;
+            # fsync would cost a good part of a cold remote epoch (docs/remote.md)
+            _stamp(tfd, shard.hash, own=True)  # before anyone can find it (by inode)
+            st = os.fstat(tfd)
+            with self._global():
+                self._evict(shard.bytes, keep=path)
+                with _writing(path, "cannot write into the cache"):
+                    os.replace(tmp, path)
+                self._verified.add((path, st.st_size, st.st_mtime_ns))  # == identity(path)
+                # the same open file now is the cache entry: turn the writer's exclusive
+                # lock into a reader's shared one (waiters wake up and find the file)
+                fcntl.flock(tfd, fcntl.LOCK_SH)
+                entry, tfd = CacheEntry(path, tfd), -1
+            self.stats["downloads"] += 1
+            return entry
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        finally:
+            if tfd >= 0:
+                os.close(tfd)
 
     # -- helpers (called with the global lock held unless noted) ---------------------------------
     def _open_shared(self, path: str) -> CacheEntry | None:
@@ -283,7 +310,7 @@ class ShardCache:
         return None
 
     def _verify(self, entry: CacheEntry, shard: CacheFile) -> bool:
-        ident = _identity(entry.path, entry.fd)
+        ident = identity(entry.path, entry.fd)
         if ident in self._verified:
             return True
         if ident[1] != shard.bytes:
@@ -292,7 +319,7 @@ class ShardCache:
             self.stats["stamped"] += 1
         # hashed through the open fd, not the path: another reader that found the same file
         # corrupt may have removed it, or fetched it again, meanwhile
-        elif _fd_hash(entry.fd, shard.bytes) == shard.hash:
+        elif fd_hash(entry.fd, shard.bytes) == shard.hash:
             self.stats["rehashed"] += 1
             if not self.read_only:
                 _stamp(entry.fd, shard.hash)
@@ -306,7 +333,7 @@ class ShardCache:
         mapped it keep their mapping; they check it themselves."""
         with self._global():
             try:
-                if _identity(path) == ident:
+                if identity(path) == ident:
                     os.unlink(path)
             except FileNotFoundError:
                 pass
@@ -330,7 +357,7 @@ class ShardCache:
                 except FileNotFoundError:
                     continue
                 if name.startswith("."):
-                    if ".tmp-" in name and _remove_if_free(full):  # its writer died
+                    if ".tmp-" in name and remove_if_free(full):  # its writer died
                         removed.append((full, st.st_size))
                     continue
                 files.append((st.st_atime_ns, st.st_size, full))
@@ -340,7 +367,7 @@ class ShardCache:
                 break
             if full == keep:
                 continue
-            if _remove_if_free(full):  # (one in use is never evicted)
+            if remove_if_free(full):  # (one in use is never evicted)
                 used -= size
                 removed.append((full, size))
                 self.stats["evictions"] += 1
@@ -393,7 +420,7 @@ class ShardCache:
         with self._global():
             for dirpath, _, names in os.walk(self.root, topdown=False):
                 for name in names:
-                    if name != LOCK_NAME and _remove_if_free(os.path.join(dirpath, name)):
+                    if name != LOCK_NAME and remove_if_free(os.path.join(dirpath, name)):
                         removed += 1
                 if dirpath != self.root:
                     try:
@@ -451,55 +478,6 @@ def _stamp_ok(fd: int, content_hash: str) -> bool:
         return os.getxattr(fd, STAMP_ATTR) == _stamp_value(fd, content_hash)
     except OSError:
         return False
-
-
-def _identity(path: str, fd: int | None = None) -> tuple[str, int, int]:
-    """(path, size, mtime) of a cache file; from its open fd when given (another thread or
-    process may have deleted the path meanwhile)."""
-    st = os.fstat(fd) if fd is not None else os.stat(path)
-    return path, st.st_size, st.st_mtime_ns
-
-
-def _file_hash(path: str) -> str:
-    """xxh3-128 of the file at ``path``."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return _fd_hash(fd, os.fstat(fd).st_size) or ""
-    finally:
-        os.close(fd)
-
-
-def _fd_hash(fd: int, size: int) -> str | None:
-    """xxh3-128 of the first ``size`` bytes of the open file (None if it is shorter now), read
-    into one reused 1 MB buffer: faster than a memory map, and than fresh chunks whose pages are
-    new memory each time (docs/remote.md)."""
-    hasher = fmt.new_content_hasher()
-    view = memoryview(bytearray(1 << 20))
-    offset = 0
-    while offset < size:
-        n = os.preadv(fd, [view[:min(len(view), size - offset)]], offset)
-        if n == 0:
-            return None  # truncated meanwhile
-        hasher.update(view[:n])
-        offset += n
-    return hasher.hexdigest()
-
-
-def _remove_if_free(path: str) -> bool:
-    """Delete the cache file (or temp file) at ``path`` unless some process holds a lock on it
-    (a reader, or a live download); whether it was deleted."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False  # gone meanwhile, or not ours to open
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.unlink(path)
-        return True
-    except OSError:
-        return False  # held: in use
-    finally:
-        os.close(fd)
 
 
 @contextmanager

@@ -2,143 +2,105 @@
 
 Runs inside DataLoader workers.  For each image:
 
-1. read the header only, choose the crop box in original pixels (random-resized-crop for training,
-   resize + center-crop for evaluation);
+1. read the header only, choose the crop box in original pixels and the flip
+   (:func:`shardpack.transforms.spec.plan_crop`, the rule the GPU path shares: random-resized-crop
+   for training, resize + center-crop for evaluation);
 2. decode JPEGs with libjpeg-turbo (simplejpeg) at the smallest DCT scale (1/2, 1/4, 1/8) that
    still leaves the crop at least as large as the target: a crop twice the target size or more is
    never decoded at full resolution;
-3. crop, then resize only the crop (Pillow's ``resize(box=...)``), flip by slicing.
+3. crop, then resize only the crop (torch's antialiased bilinear kernel), flip by slicing.
 
 Other formats decode with Pillow.  Randomness is a pure function of (seed, epoch, sample index), so
-a resumed epoch gets the same crops.  Output: ``batch["image"]``, uint8 NHWC ``[B, size, size, 3]``
-(channels-last: the layout GPUs prefer; :class:`shardpack.DeviceLoader` makes it float NCHW).
+a resumed epoch gets the same crops.  What the crops are is a
+:class:`~shardpack.transforms.spec.TransformSpec` (``CropOptions`` is its older name).  Output:
+``batch["image"]``, uint8 NHWC ``[B, size, size, 3]`` (channels-last: the layout GPUs prefer;
+:class:`shardpack.DeviceLoader` makes it the spec's dtype and layout, normalised).
 """
 
 from __future__ import annotations
 
 import io
-import math
 import os
-import struct
-from dataclasses import dataclass
 
 import numpy as np
-import xxhash
 
 from shardpack.core.errors import DecodeError
 from shardpack.loader.headstart import HeadStart
+from shardpack.loader.stages import EpochStage
+from shardpack.transforms.spec import (
+    Crop, SampleRandom, TransformSpec, crop_box, plan_crop, should_flip, spec_of,
+)
+
+__all__ = ["HEAD_START_WAIT", "JPEG_MAGIC", "CpuDecode", "CropOptions", "SampleRandom",
+           "TransformSpec", "crop_box", "decode_image", "image_batch", "image_items",
+           "reference_decode", "should_flip"]
 
 JPEG_MAGIC = b"\xff\xd8"
+CropOptions = TransformSpec  # the crop options' older name: the spec holds them now
 
 
-@dataclass(frozen=True)
-class CropOptions:
-    size: int = 224
-    train: bool = True
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip: bool = True
-    crop_fraction: float = 0.875  # eval: resize the short side to size / 0.875, crop the center
-    seed: int = 0
-
-
-class SampleRandom:
-    """Uniform floats from a hash of (seed, epoch, index, draw): cheap, and the same in any
-    process or worker, so resumed epochs crop identically."""
-
-    __slots__ = ("key", "n")
-
-    def __init__(self, seed: int, epoch: int, index: int):
-        self.key = struct.pack("<qqq", seed, epoch, index)
-        self.n = 0
-
-    def uniform(self, lo: float = 0.0, hi: float = 1.0) -> float:
-        self.n += 1
-        bits = xxhash.xxh3_64_intdigest(self.key + struct.pack("<q", self.n))
-        return lo + (hi - lo) * (bits >> 11) / float(1 << 53)
-
-
-def crop_box(height: int, width: int, opts: CropOptions, rnd: SampleRandom | None
-             ) -> tuple[int, int, int, int]:
-    """(top, left, crop_height, crop_width) in original pixels; same rule as torchvision's
-    RandomResizedCrop (10 tries, then a center crop at the nearest allowed ratio) for training,
-    resize-then-center-crop for evaluation."""
-    if opts.train and rnd is not None:
-        area = height * width
-        log_lo, log_hi = math.log(opts.ratio[0]), math.log(opts.ratio[1])
-        for _ in range(10):
-            target = area * rnd.uniform(*opts.scale)
-            aspect = math.exp(rnd.uniform(log_lo, log_hi))
-            cw = int(round(math.sqrt(target * aspect)))
-            ch = int(round(math.sqrt(target / aspect)))
-            if 0 < cw <= width and 0 < ch <= height:
-                top = int(rnd.uniform(0, height - ch + 1))
-                left = int(rnd.uniform(0, width - cw + 1))
-                return min(top, height - ch), min(left, width - cw), ch, cw
-        in_ratio = width / height
-        if in_ratio < opts.ratio[0]:
-            cw, ch = width, int(round(width / opts.ratio[0]))
-        elif in_ratio > opts.ratio[1]:
-            ch, cw = height, int(round(height * opts.ratio[1]))
-        else:
-            cw, ch = width, height
-        return (height - ch) // 2, (width - cw) // 2, ch, cw
-    side = min(height, width) * opts.crop_fraction
-    ch = cw = max(1, int(round(side)))
-    return (height - ch) // 2, (width - cw) // 2, min(ch, height), min(cw, width)
-
-
-def should_flip(rnd: SampleRandom | None, opts: CropOptions) -> bool:
-    """Whether this sample is flipped horizontally (training with ``flip`` on: one draw)."""
-    return bool(opts.train and opts.flip and rnd is not None and rnd.uniform() < 0.5)
-
-
-def decode_image(data, opts: CropOptions, rnd: SampleRandom | None = None,
+def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
                  max_pixels: int | None = None) -> np.ndarray:
     """One image -> uint8 ``[size, size, 3]``, the fast way.  JPEGs (found by their magic bytes,
     whatever the field name) decode with simplejpeg at a reduced DCT scale; CMYK/YCCK JPEGs, JPEGs
     simplejpeg refuses and every other format decode whole with :func:`images.decode_rgb` (same RGB
-    rules as :func:`reference_decode`).  The crop box is drawn once, from the header's size when
-    there is one, so a fallback decode crops exactly as the fast path would have.  An image whose
-    header is over the decode budget ``max_pixels`` (:func:`images.decode_budget`) is a
-    DecodeError before any decoder runs, whatever the DCT scale would have been."""
-    from shardpack.images.content import check_size, decode_rgb
+    rules as :func:`reference_decode`).  The crop box and flip are planned once
+    (:func:`~shardpack.transforms.spec.plan_crop`), from the header's size when there is one, so
+    a fallback decode crops exactly as the fast path would have.  An image whose header is over
+    the decode budget ``max_pixels`` (:func:`images.decode_budget`) is a DecodeError before any
+    decoder runs, whatever the DCT scale would have been.
 
-    crop = box = None
+    Args:
+        data: the encoded image (bytes-like).
+        opts: the transform spec (its crop part).
+        rnd: the sample's draws (:meth:`TransformSpec.random`); None: no randomness.
+        max_pixels: the decode budget (None: the environment's or the default).
+    """
+    from shardpack.images.content import decode_rgb
+
+    plan = size = crop = None
     if bytes(data[:2]) == JPEG_MAGIC:
-        import simplejpeg
-
-        try:
-            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError:
-            colorspace = None  # decode_rgb below says what is wrong
-        if colorspace is not None:
-            check_size(width, height, max_pixels)
-            box = top, left, ch, cw = crop_box(height, width, opts, rnd)
-        if colorspace not in (None, "CMYK", "YCCK"):  # libjpeg-turbo's RGB output is right
-            factor = 1
-            while factor < 8 and min(ch, cw) >= 2 * factor * opts.size:
-                factor *= 2
-            try:
-                pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True,
-                                                fastupsample=True, min_height=-(-height // factor),
-                                                min_width=-(-width // factor))
-            except ValueError:
-                pixels = None  # e.g. a recoverable libjpeg warning: Pillow may still decode it
-            if pixels is not None:
-                sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
-                y0, x0 = int(round(top * sy)), int(round(left * sx))
-                y1 = max(y0 + 1, min(pixels.shape[0], int(round((top + ch) * sy))))
-                x1 = max(x0 + 1, min(pixels.shape[1], int(round((left + cw) * sx))))
-                crop = pixels[y0:y1, x0:x1]
+        plan, size, crop = _jpeg_crop(data, opts, rnd, max_pixels)
     if crop is None:
         pixels = decode_rgb(data, max_pixels=max_pixels)  # DecodeError naming what is wrong
-        if box is None or pixels.shape[:2] != (height, width):
-            box = crop_box(pixels.shape[0], pixels.shape[1], opts, rnd)
-        top, left, ch, cw = box
-        crop = pixels[top:top + ch, left:left + cw]
+        if plan is None or pixels.shape[:2] != size:
+            plan = plan_crop(pixels.shape[0], pixels.shape[1], opts, rnd)
+        crop = pixels[plan.top:plan.top + plan.height, plan.left:plan.left + plan.width]
     out = _resize(crop, opts.size)
-    return out[:, ::-1] if should_flip(rnd, opts) else out
+    return out[:, ::-1] if plan.flip else out
+
+
+def _jpeg_crop(data, opts: TransformSpec, rnd: SampleRandom | None, max_pixels: int | None
+               ) -> tuple[Crop | None, tuple | None, np.ndarray | None]:
+    """A JPEG's crop plan and size from its header, and its crop decoded by simplejpeg at the
+    smallest DCT scale that keeps the crop at least ``size``: (None, None, None) for a header
+    simplejpeg cannot read, the crop None where it does not decode (CMYK, YCCK, refused)."""
+    import simplejpeg
+
+    from shardpack.images.content import check_size
+
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None, None, None  # decode_rgb says what is wrong
+    check_size(width, height, max_pixels)
+    plan = plan_crop(height, width, opts, rnd)
+    if colorspace in ("CMYK", "YCCK"):  # libjpeg-turbo's RGB output is wrong for these
+        return plan, (height, width), None
+    factor = 1
+    while factor < 8 and min(plan.height, plan.width) >= 2 * factor * opts.size:
+        factor *= 2
+    try:
+        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
+                                        min_height=-(-height // factor),
+                                        min_width=-(-width // factor))
+    except ValueError:
+        return plan, (height, width), None  # e.g. a recoverable libjpeg warning: Pillow may
+    sy, sx = pixels.shape[0] / height, pixels.shape[1] / width  # still decode it
+    y0, x0 = int(round(plan.top * sy)), int(round(plan.left * sx))
+    y1 = max(y0 + 1, min(pixels.shape[0], int(round((plan.top + plan.height) * sy))))
+    x1 = max(x0 + 1, min(pixels.shape[1], int(round((plan.left + plan.width) * sx))))
+    return plan, (height, width), pixels[y0:y1, x0:x1]
 
 
 def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
@@ -158,7 +120,7 @@ def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
     return y[0].permute(1, 2, 0).numpy()
 
 
-def reference_decode(data: bytes, opts: CropOptions, rnd: SampleRandom | None = None
+def reference_decode(data: bytes, opts: TransformSpec, rnd: SampleRandom | None = None
                      ) -> np.ndarray:
     """The straightforward Pillow pipeline (full decode, crop, resize): what the fast path must
     match within a tested tolerance.  Pixels go through the same RGB rules as decode_image
@@ -170,10 +132,11 @@ def reference_decode(data: bytes, opts: CropOptions, rnd: SampleRandom | None = 
     with Image.open(io.BytesIO(bytes(data))) as source:
         source.load()
         image = Image.fromarray(rgb_array(source))
-    top, left, ch, cw = crop_box(image.height, image.width, opts, rnd)
-    out = np.asarray(image.crop((left, top, left + cw, top + ch)).resize(
+    plan = plan_crop(image.height, image.width, opts, rnd)
+    out = np.asarray(image.crop((plan.left, plan.top, plan.left + plan.width,
+                                 plan.top + plan.height)).resize(
         (opts.size, opts.size), Image.Resampling.BILINEAR))
-    return out[:, ::-1] if should_flip(rnd, opts) else out
+    return out[:, ::-1] if plan.flip else out
 
 
 def _image_fields(batch: dict, field: str | None) -> tuple[list, list]:
@@ -258,12 +221,12 @@ def image_batch(batch: dict, field: str | None):
 HEAD_START_WAIT = 1.0  # seconds a worker waits at most for worker 0's first batch
 
 
-class CpuDecode:
+class CpuDecode(EpochStage):
     """A batch stage for ``ShardDataset(..., batched=True, decode=CpuDecode(...))``: replaces the
-    image field's bytes with ``image`` (uint8 NHWC).  Undecodable images raise
+    image field's bytes with ``image`` (uint8 NHWC), cropped and flipped as its
+    :class:`~shardpack.transforms.spec.TransformSpec` says.  Undecodable images raise
     :class:`~shardpack.core.errors.DecodeError` naming the sample, or with ``on_error="skip"``
-    become
-    zero images counted in ``batch["__bad__"]``.
+    become zero images counted in ``batch["__bad__"]``.
 
     ``head_start`` (default on): when DataLoader workers start (each worker process's first
     iteration: the first epoch with persistent workers, every epoch without), worker 0 decodes its
@@ -271,31 +234,53 @@ class CpuDecode:
     HEAD_START_WAIT seconds), so the first batch arrives in about the time of one batch on all
     cores instead of after every worker's first batch at once (docs/device.md, "First batch").
 
-    ``max_pixels``: the decode budget (docs/images.md, "Decode budget"); None: the
-    ``SHARDPACK_MAX_PIXELS`` environment variable, else 8192 x 8192; 0: none.  An image over it
-    is refused from its header, before decoding, like any broken image (skipped with
-    ``on_error="skip"``)."""
+    Args:
+        size: output side in pixels (default 224).
+        train: random-resized crops and flips (default); False: resize and centre crop.
+        field: the image field (None: found by name; docs/device.md).
+        seed: the crops' seed (default 0).
+        flip: flip half the training images (default on).
+        on_error: ``"raise"`` or ``"skip"`` (a zero image, flagged) an image that cannot be
+            decoded.
+        head_start: worker 0 decodes its first batch on every CPU (see above).
+        max_pixels: the decode budget (docs/images.md, "Decode budget"); None: the
+            ``SHARDPACK_MAX_PIXELS`` environment variable, else 8192 x 8192; 0: none.  An image
+            over it is refused from its header, before decoding, like any broken image.
+        spec: the whole transform spec instead of ``size``, ``train``, ``seed`` and ``flip``
+            (its crop part is read here; DeviceLoader reads the rest).
+    """
 
-    def __init__(self, size: int = 224, *, train: bool = True, field: str | None = None,
-                 seed: int = 0, flip: bool = True, on_error: str = "raise",
-                 head_start: bool = True, max_pixels: int | None = None):
+    def __init__(self, size: int | None = None, *, train: bool | None = None,
+                 field: str | None = None, seed: int | None = None, flip: bool | None = None,
+                 on_error: str = "raise", head_start: bool = True, max_pixels: int | None = None,
+                 spec: TransformSpec | None = None):
         from shardpack.images.content import decode_budget
 
         if max_pixels is not None:
             decode_budget(max_pixels)  # a bad value is refused here, not in every worker
-        self.opts = CropOptions(size=size, train=train, flip=flip, seed=seed)
+        self.spec = spec_of(spec, size=size, train=train, seed=seed, flip=flip)
         self.field = field
         self.on_error = on_error
         self.max_pixels = max_pixels
-        self.epoch = 0  # set by ShardDataset at the start of every epoch
+        self.epoch = 0  # set by ShardDataset at the start of every iteration
         self.head_start = head_start
         self._head = HeadStart(HEAD_START_WAIT) if head_start else None
         self._first = False    # the next batch is this process's first iteration's first
         self._pool = None      # worker 0's decode threads, made in the worker when first needed
 
+    @property
+    def opts(self) -> TransformSpec:
+        """The spec (its older name)."""
+        return self.spec
+
     def begin(self, epoch: int) -> None:
-        """Called by ShardDataset when an iteration starts (in the process that iterates)."""
-        self.epoch = epoch
+        """Called by ShardDataset when an iteration starts (in the process that iterates): keep
+        the epoch, and start the head start on this process's first iteration.
+
+        Args:
+            epoch: the epoch the iteration reads.
+        """
+        super().begin(epoch)
         self._first = self._head is not None and self._head.begin(epoch) == 1  # the start-up
 
     def __getstate__(self):
@@ -324,7 +309,7 @@ class CpuDecode:
 
         image_of = image_items(batch, self.field)
         count = len(batch["__index__"])
-        size = self.opts.size
+        size = self.spec.size
         nbytes = count * size * size * 3
         data = batch.buffer(nbytes) if isinstance(batch, Batch) else Batch().buffer(nbytes)
         images = data.numpy().reshape(count, size, size, 3)
@@ -335,9 +320,9 @@ class CpuDecode:
 
         def run(part: range) -> None:
             for i in part:
-                rnd = SampleRandom(self.opts.seed, self.epoch, ids[i]) if self.opts.train else None
+                rnd = self.spec.random(self.epoch, ids[i])
                 try:
-                    images[i] = decode_image(image_of(i), self.opts, rnd, self.max_pixels)
+                    images[i] = decode_image(image_of(i), self.spec, rnd, self.max_pixels)
                 except DecodeError as exc:
                     if self.on_error != "skip":
                         failed.append((i, exc.message))

@@ -3,15 +3,16 @@ stream, decodes JPEGs on the GPU if asked, and measures how long the consumer wa
 
 Same API on CPU (``device="cpu"``), so training code runs unchanged on a laptop.
 
-* ``decode=None``: batches pass through; tensors (in dicts, lists and tuples) move to the device.
-* ``decode="cpu"``: workers decoded already (``ShardDataset(..., decode=shardpack.CpuDecode())``);
-  the uint8 NHWC ``image`` moves to the device and becomes float NCHW (channels-last memory),
-  normalised there.
-* ``decode="gpu"``: workers ship raw JPEG bytes (one uint8 tensor + offsets per batch);
+* ``decode_on=None``: batches pass through; tensors (in dicts, lists and tuples) move to the
+  device.
+* ``decode_on="cpu"``: workers decoded already (``ShardDataset(...,
+  decode=shardpack.CpuDecode())``); the uint8 NHWC ``image`` moves to the device and becomes the
+  spec's dtype and layout (float NCHW in channels-last memory by default), normalised there.
+* ``decode_on="gpu"``: workers ship raw JPEG bytes (one uint8 tensor + offsets per batch);
   :class:`~shardpack.transforms.gpudecode.GpuDecoder` decodes them with nvJPEG in bounded chunks
-  and crops,
-  resizes and flips on the GPU, with the CPU path's crop rule and (seed, epoch, index)
-  randomness.  Images nvJPEG does not take (other formats, CMYK) or fails on decode on the CPU,
+  and crops, resizes and flips on the GPU, with the CPU path's crop rule and (seed, epoch, index)
+  randomness (the same :class:`~shardpack.transforms.spec.TransformSpec`), then normalises as
+  above.  Images nvJPEG does not take (other formats, CMYK) or fails on decode on the CPU,
   counted in ``stats["cpu_fallbacks"]``; an image nothing decodes raises ``DecodeError`` naming
   the sample, or with ``on_error="skip"`` is zeros flagged in ``batch["__bad__"]``.
 
@@ -27,61 +28,76 @@ import queue
 import threading
 import time
 
-from shardpack.loader.batches import BytesBatch
-from shardpack.transforms.decode import CropOptions, image_batch
+from shardpack.core.deprecation import renamed
 from shardpack.core.errors import DeviceError
-from shardpack.transforms.gpudecode import GpuDecoder, batch_epoch, resolve_device
+from shardpack.loader.batches import BytesBatch
+from shardpack.loader.stages import EpochSettable
 from shardpack.loader.torchenv import torch
+from shardpack.transforms.decode import image_batch
+from shardpack.transforms.gpudecode import GpuDecoder, batch_epoch, resolve_device
+from shardpack.transforms.spec import TransformSpec, spec_of
 
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+DECODE_PLACES = (None, "cpu", "gpu")
 STATS = ("batches", "samples", "wait_s", "device_wait_s", "wall_s", "cpu_fallbacks", "gpu_failed",
          "bad", "gpu_idle_s", "gpu_busy_s", "gpu_start_idle_s", "epoch_starts")
 
 
 class DeviceLoader:
-    def __init__(self, loader, device="cpu", decode: str | None = None, prefetch: int = 2, *,
-                 size: int = 224, train: bool = True, field: str | None = None, seed: int = 0,
-                 normalize: bool = True, dtype=torch.float32, on_error: str = "raise",
+    """Batches of a DataLoader on ``device``, fetched (and decoded) ahead on a side stream.
+
+    Args:
+        loader: the DataLoader (or any iterable of batches).
+        device: where batches go (``"cuda"`` is the current CUDA device).
+        decode_on: where images are decoded: None (no images: batches pass through), ``"cpu"``
+            (the workers did, with :class:`~shardpack.CpuDecode`) or ``"gpu"`` (nvJPEG, here).
+            ``decode=`` is its old, deprecated name.
+        prefetch_batches: batches moved (and decoded) ahead of the consumer (at least 1).
+            ``prefetch=`` is its old, deprecated name.
+        size: the spec's output side (GPU decode).
+        train: random crops and flips (GPU decode); False: resize and centre crop.
+        field: the image field (None: found by name).
+        seed: the crops' seed (GPU decode).
+        flip: flip half the training images (GPU decode).
+        normalize: subtract ImageNet's mean and divide by its std (default); False: none.
+        dtype: the image tensor's dtype (default float32).
+        spec: the whole :class:`~shardpack.transforms.spec.TransformSpec` instead of ``size``,
+            ``train``, ``seed``, ``flip``, ``normalize`` and ``dtype`` (pass the CpuDecode's own
+            for ``decode_on="cpu"``: its crop part is the workers', the rest is read here).
+        on_error: ``"raise"`` or ``"skip"`` (a zero image, flagged) an image nothing decodes.
+        decode_backend: stands in for nvJPEG (a list of encoded uint8 tensors -> a list of
+            uint8 CHW tensors, e.g. :func:`shardpack.transforms.gpudecode.standin_backend`);
+            with it ``decode_on="gpu"`` runs its whole plan on any device, CUDA or not (tests,
+            gpu_check's CPU smoke run).
+    """
+
+    @renamed(decode="decode_on", prefetch="prefetch_batches")
+    def __init__(self, loader, device="cpu", decode_on: str | None = None,
+                 prefetch_batches: int = 2, *, size: int | None = None,
+                 train: bool | None = None, field: str | None = None, seed: int | None = None,
+                 flip: bool | None = None, normalize: bool | None = None, dtype=None,
+                 spec: TransformSpec | None = None, on_error: str = "raise",
                  decode_backend=None):
-        """``decode_backend``: stands in for nvJPEG (a list of encoded uint8 tensors -> a list of
-        uint8 CHW tensors, e.g. :func:`shardpack.transforms.gpudecode.standin_backend`); with it
-        ``decode="gpu"`` runs its whole plan on any device, CUDA or not (tests, gpu_check's CPU
-        smoke run)."""
-        if decode not in (None, "cpu", "gpu"):
-            raise ValueError(f"decode must be None, 'cpu' or 'gpu', got {decode!r}")
+        if decode_on not in DECODE_PLACES:
+            raise ValueError(f"decode_on must be None, 'cpu' or 'gpu', got {decode_on!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        asked = torch.device(device)
-        standin = decode == "gpu" and decode_backend is not None
-        cuda = (asked.type == "cuda" or (decode == "gpu" and not standin)) \
-            and torch.cuda.is_available()
-        if decode == "gpu" and not cuda and not standin:
-            raise DeviceError("decode='gpu' needs a CUDA device; this machine has none "
-                              f"(torch {torch.__version__})", hint="use decode='cpu'")
-        # CUDA is touched only for a CUDA device (a CPU loader in a forked child must not)
-        self.device = resolve_device(
-            asked, cuda_available=cuda, device_count=torch.cuda.device_count() if cuda else 0,
-            current=torch.cuda.current_device() if cuda and asked.index is None else 0)
-        if decode == "gpu" and self.device.type != "cuda" and not standin:
-            raise ValueError(f"decode='gpu' needs a CUDA device, got device={device!r}; use "
-                             "device='cuda' or decode='cpu'")
+        self.spec = spec_of(spec, size=size, train=train, seed=seed, flip=flip,
+                            normalize=normalize, dtype=dtype)
+        self.device = _device_for(device, decode_on, standin=decode_backend is not None)
         self.loader = loader
-        self.decode = decode
-        self.prefetch = max(1, prefetch)
+        self.decode_on = decode_on
+        self.prefetch_batches = max(1, prefetch_batches)
         self.field = field
-        self.opts = CropOptions(size=size, train=train, seed=seed)
-        self.normalize, self.dtype = normalize, dtype
+        self.dtype = getattr(torch, self.spec.dtype)
         self.epoch = 0
         self.stats: dict = {}
         self._clock: _GpuClock | None = None  # the running iteration's CUDA-event timer
         self._last = 0.0                     # ... and when its wall time was last counted
         self.reset_stats()
         self._consumed = 0  # samples handed to the consumer this epoch (for state_dict)
-        self._mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1)
-        self._std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1)
-        self._gpu = GpuDecoder(self.device, self.opts, on_error=on_error, stats=self.stats,
-                               backend=decode_backend) if decode == "gpu" else None
+        self._mean, self._std = _normalisation(self.spec, self.device)
+        self._gpu = GpuDecoder(self.device, self.spec, on_error=on_error, stats=self.stats,
+                               backend=decode_backend) if decode_on == "gpu" else None
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -116,17 +132,31 @@ class DeviceLoader:
 
     # -- state: counts what the consumer received, delegates to the dataset ---------------------
     def set_epoch(self, epoch: int) -> None:
+        """Start counting ``epoch``'s batches, and pass the epoch on to the loader's dataset
+        where it takes one (:class:`~shardpack.loader.stages.EpochSettable`: a ShardDataset).
+
+        Args:
+            epoch: the epoch.
+        """
         self.epoch = epoch
         self._consumed = 0
         dataset = getattr(self.loader, "dataset", None)
-        if hasattr(dataset, "set_epoch"):
+        if isinstance(dataset, EpochSettable):
             dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict:
+        """The epoch and the dataset's state at the samples handed to the consumer so far
+        (``dataset.state_dict(samples_seen=...)``): batches still in flight are not counted."""
         dataset = self.loader.dataset
         return {"dataset": dataset.state_dict(samples_seen=self._consumed), "epoch": self.epoch}
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`'s output: the dataset continues where the consumer
+        stopped.
+
+        Args:
+            state: what :meth:`state_dict` returned.
+        """
         self.epoch = state["epoch"]
         self._consumed = 0
         self.loader.dataset.load_state_dict(state["dataset"])
@@ -134,12 +164,12 @@ class DeviceLoader:
     # -- iteration ------------------------------------------------------------------------------
     def __iter__(self):
         """A producer thread pulls batches from the DataLoader and starts their transfer (and GPU
-        decode) on a side stream, up to ``prefetch`` batches ahead; the consumer only waits when
-        none is ready.  That wait is what ``wait_fraction`` reports; the consumer stream's idle
-        time, timed with CUDA events, is what ``gpu_idle_fraction`` reports."""
+        decode) on a side stream, up to ``prefetch_batches`` batches ahead; the consumer only
+        waits when none is ready.  That wait is what ``wait_fraction`` reports; the consumer
+        stream's idle time, timed with CUDA events, is what ``gpu_idle_fraction`` reports."""
         cuda = self.device.type == "cuda"
         stream = torch.cuda.Stream(self.device) if cuda else None
-        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch_batches)
         stop = threading.Event()
 
         thread = threading.Thread(target=self._produce, args=(stream, ready, stop),
@@ -212,7 +242,7 @@ class DeviceLoader:
     def _to_device(self, batch, stream):
         if not isinstance(batch, dict):
             return _move(batch, self.device)
-        if self.decode == "gpu":
+        if self.decode_on == "gpu":
             batch = dict(batch)
             items = image_batch(batch, self.field)
             ids = batch["__index__"].tolist()
@@ -224,8 +254,8 @@ class DeviceLoader:
                 flags = torch.zeros(len(batch["__index__"]), dtype=torch.bool)
                 flags[bad] = True
                 batch["__bad__"] = flags
-        elif self.decode == "cpu" and "image" not in batch:
-            raise ValueError("decode='cpu' expects decoded images from the workers: pass "
+        elif self.decode_on == "cpu" and "image" not in batch:
+            raise ValueError("decode_on='cpu' expects decoded images from the workers: pass "
                              "decode=shardpack.CpuDecode() to ShardDataset(..., batched=True)")
         out = {k: _move(v, self.device) for k, v in batch.items() if k != "image"}
         if "image" in batch:
@@ -233,15 +263,49 @@ class DeviceLoader:
         return out
 
     def _finish(self, image: "torch.Tensor") -> "torch.Tensor":
-        """uint8 NHWC (host or device) -> NCHW channels-last float on the device, normalised."""
+        """uint8 NHWC (host or device) -> the spec's dtype and layout on the device (NCHW: in
+        channels-last memory), normalised with its mean and std."""
         if image.device != self.device:
             if self.device.type == "cuda":
                 image = image.pin_memory() if not image.is_pinned() else image
             image = image.to(self.device, non_blocking=True)
-        image = image.permute(0, 3, 1, 2).to(self.dtype)  # a channels-last view: no copy
-        if self.normalize:
+        nchw = self.spec.layout == "NCHW"
+        if nchw:
+            image = image.permute(0, 3, 1, 2)  # a channels-last view: no copy
+        image = image.to(self.dtype)
+        if self._mean is not None:
             image = (image - self._mean.to(self.dtype)) / self._std.to(self.dtype)
-        return image.contiguous(memory_format=torch.channels_last)
+        return image.contiguous(memory_format=torch.channels_last) if nchw else image.contiguous()
+
+
+def _device_for(device, decode_on: str | None, standin: bool) -> "torch.device":
+    """The device batches go to, with its index; GPU decode refused in one line where no CUDA
+    device is (unless a stand-in backend replaces nvJPEG).  CUDA is touched only for a CUDA
+    device (a CPU loader in a forked child must not)."""
+    asked = torch.device(device)
+    standin = decode_on == "gpu" and standin
+    cuda = (asked.type == "cuda" or (decode_on == "gpu" and not standin)) \
+        and torch.cuda.is_available()
+    if decode_on == "gpu" and not cuda and not standin:
+        raise DeviceError("decode_on='gpu' needs a CUDA device; this machine has none "
+                          f"(torch {torch.__version__})", hint="use decode_on='cpu'")
+    resolved = resolve_device(
+        asked, cuda_available=cuda, device_count=torch.cuda.device_count() if cuda else 0,
+        current=torch.cuda.current_device() if cuda and asked.index is None else 0)
+    if decode_on == "gpu" and resolved.type != "cuda" and not standin:
+        raise ValueError(f"decode_on='gpu' needs a CUDA device, got device={device!r}; use "
+                         "device='cuda' or decode_on='cpu'")
+    return resolved
+
+
+def _normalisation(spec: TransformSpec, device) -> tuple:
+    """The spec's mean and std as device tensors shaped for its layout, in pixel units
+    (x 255), or (None, None) without normalisation."""
+    if spec.mean is None:
+        return None, None
+    shape = (1, 3, 1, 1) if spec.layout == "NCHW" else (1, 1, 1, 3)
+    return tuple(torch.tensor([v * 255 for v in values], device=device).view(shape)
+                 for values in (spec.mean, spec.std))
 
 
 class _GpuClock:

@@ -1,7 +1,9 @@
 """Decode on the GPU: nvJPEG (through torchvision) in bounded chunks, then crop, resize and flip on
-the device with the CPU path's crop rule and randomness.
+the device with the CPU path's crop rule and randomness (the same
+:class:`~shardpack.transforms.spec.TransformSpec` and
+:func:`~shardpack.transforms.spec.plan_crop`: a sample crops and flips alike on either path).
 
-Used by :class:`~shardpack.transforms.device.DeviceLoader` (``decode="gpu"``).  torchvision is
+Used by :class:`~shardpack.transforms.device.DeviceLoader` (``decode_on="gpu"``).  torchvision is
 imported only
 here, when a :class:`GpuDecoder` is made.  The planning (which device, which images go to nvJPEG,
 the chunks, the retry of a failed chunk image by image) is made of pure functions, tested without
@@ -16,11 +18,10 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from shardpack.transforms.decode import (
-    JPEG_MAGIC, CropOptions, SampleRandom, crop_box, decode_image, should_flip,
-)
 from shardpack.core.errors import DecodeError, DeviceError
 from shardpack.loader.torchenv import torch
+from shardpack.transforms.decode import JPEG_MAGIC, decode_image
+from shardpack.transforms.spec import SampleRandom, TransformSpec, plan_crop
 
 MIN_TORCHVISION = (0, 20)  # decode_jpeg(list, device="cuda") decodes a batch in one call from 0.20
 CHUNK_BYTES = 512 << 20    # decoded full-size pixels per nvJPEG call (256 x 12 MP would be ~9 GB)
@@ -41,7 +42,8 @@ def resolve_device(device, *, cuda_available: bool, device_count: int, current: 
         return dev
     if not cuda_available:
         raise DeviceError(f"device {str(device)!r} asked for, but this machine has no CUDA device "
-                          f"(torch {torch.__version__})", hint="use device='cpu' and decode='cpu'")
+                          f"(torch {torch.__version__})",
+                          hint="use device='cpu' and decode_on='cpu'")
     index = current if dev.index is None else dev.index
     if not 0 <= index < device_count:
         raise DeviceError(f"device {str(device)!r} asked for, but this machine has "
@@ -57,8 +59,8 @@ def check_torchvision(version: str) -> None:
         parts.append(int(digits) if digits else 0)
     if tuple(parts) < MIN_TORCHVISION:
         need = ".".join(map(str, MIN_TORCHVISION))
-        raise DeviceError(f"decode='gpu' needs torchvision >= {need} (batched CUDA JPEG decode); "
-                          f"found {version}", hint="pip install 'shardpack[gpu]' with the "
+        raise DeviceError(f"decode_on='gpu' needs torchvision >= {need} (batched CUDA JPEG "
+                          f"decode); found {version}", hint="pip install 'shardpack[gpu]' with the "
                           "torchvision that matches your torch")
 
 
@@ -197,7 +199,8 @@ def decode_chunks(encoded: Sequence, chunks: list[list[int]], decode: Callable[[
                 if len(chunk) >= SYSTEMIC and len(failed) == len(chunk):
                     raise DeviceError(f"GPU JPEG decode failed for all {len(chunk)} images of a "
                                       f"chunk, one by one too: {failed[chunk[0]]}",
-                                      hint="the device, not the images; use decode='cpu'") from None
+                                      hint="the device, not the images; use "
+                                      "decode_on='cpu'") from None
         yield chunk, images, failed
 
 
@@ -222,12 +225,19 @@ class GpuDecoder:
     torchvision, checks its version and decodes a tiny JPEG on the device, so that a missing
     piece is one line at construction, not a silent CPU fallback at every batch.
 
-    ``backend`` (a list of encoded uint8 tensors -> a list of uint8 CHW tensors on ``device``)
-    replaces nvJPEG: the tests run the whole plan on the CPU with it."""
+    Args:
+        device: the CUDA device (any device with ``backend``).
+        spec: the transform spec: its crop part decides each sample's crop and flip, as on the
+            CPU path (normalisation, dtype and layout are DeviceLoader's).
+        on_error: ``"raise"`` or ``"skip"`` (a zero image, flagged) an image nothing decodes.
+        stats: the counters to update (``cpu_fallbacks``, ``gpu_failed``, ``bad``).
+        backend: replaces nvJPEG (a list of encoded uint8 tensors -> a list of uint8 CHW
+            tensors on ``device``): the tests run the whole plan on the CPU with it.
+    """
 
-    def __init__(self, device: "torch.device", opts: CropOptions, *, on_error: str = "raise",
+    def __init__(self, device: "torch.device", spec: TransformSpec, *, on_error: str = "raise",
                  stats: dict | None = None, backend: Callable[[list], list] | None = None):
-        self.device, self.opts, self.on_error = device, opts, on_error
+        self.device, self.spec, self.on_error = device, spec, on_error
         self.stats = stats if stats is not None else {}
         for name in ("cpu_fallbacks", "gpu_failed", "bad"):
             self.stats.setdefault(name, 0)
@@ -237,15 +247,24 @@ class GpuDecoder:
                  keys: Sequence[str], epoch: int, stream) -> tuple["torch.Tensor", list[int]]:
         """Raw bytes of a batch (host uint8 ``data`` cut at ``offsets``) -> uint8 NHWC on the
         device, and the positions of bad images (zeros) when ``on_error="skip"``.  Runs with
-        ``stream`` current."""
-        n, size = len(ids), self.opts.size
+        ``stream`` current.
+
+        Args:
+            data: the batch's encoded images, end to end (host uint8).
+            offsets: image i is ``data[offsets[i]:offsets[i + 1]]``.
+            ids: the samples' global indices (their crops' randomness).
+            keys: the samples' keys (errors name them).
+            epoch: the epoch the batch was read in.
+            stream: the CUDA stream the work is queued on (None off CUDA).
+        """
+        n, size = len(ids), self.spec.size
         raws = [data[offsets[i]:offsets[i + 1]] for i in range(n)]
         routes = [route(r.numpy()) for r in raws]
         on_gpu = [i for i in range(n) if routes[i].gpu]
         cpu = {i: routes[i].reason for i in range(n) if not routes[i].gpu}
 
         def rnd(i: int) -> SampleRandom | None:  # fresh each time: it counts its draws
-            return SampleRandom(self.opts.seed, epoch, ids[i]) if self.opts.train else None
+            return self.spec.random(epoch, ids[i])
 
         canvas = torch.empty((n, 3, size, size), dtype=torch.float32, device=self.device)
         flips = [False] * n
@@ -260,15 +279,9 @@ class GpuDecoder:
                 self.stats["gpu_failed"] += len(failed)
                 cpu.update({on_gpu[k]: why for k, why in failed.items()})
                 for k, image in zip(chunk, images, strict=True):
-                    if image is None:
-                        continue
-                    i = on_gpu[k]
-                    r = rnd(i)
-                    top, left, ch, cw = crop_box(image.shape[1], image.shape[2], self.opts, r)
-                    canvas[i] = torch.nn.functional.interpolate(
-                        image[None, :, top:top + ch, left:left + cw].float(), size=(size, size),
-                        mode="bilinear", antialias=True, align_corners=False)[0]
-                    flips[i] = should_flip(r, self.opts)
+                    if image is not None:
+                        i = on_gpu[k]
+                        flips[i] = self._crop_into(canvas, i, image, rnd(i))
         if any(flips):
             index = _positions([i for i in range(n) if flips[i]], self.device)
             canvas[index] = canvas[index].flip(-1)
@@ -276,18 +289,28 @@ class GpuDecoder:
         bad = self._cpu_decode(out, raws, cpu, rnd, keys) if cpu else []
         return out, bad
 
+    def _crop_into(self, canvas, i: int, image, rnd: SampleRandom | None) -> bool:
+        """Crop and resize a decoded CHW image into ``canvas[i]`` as :func:`plan_crop` says;
+        returns whether it is to be flipped (all flips of a batch go in one kernel)."""
+        plan = plan_crop(image.shape[1], image.shape[2], self.spec, rnd)
+        part = image[None, :, plan.top:plan.top + plan.height, plan.left:plan.left + plan.width]
+        canvas[i] = torch.nn.functional.interpolate(
+            part.float(), size=(self.spec.size, self.spec.size), mode="bilinear",
+            antialias=True, align_corners=False)[0]
+        return plan.flip
+
     def _cpu_decode(self, out, raws, cpu: dict[int, str], rnd, keys) -> list[int]:
         """The images the GPU does not take, decoded by the CPU path and copied up in one
         pinned, non-blocking transfer."""
         order = sorted(cpu)
-        host = torch.zeros((len(order), self.opts.size, self.opts.size, 3), dtype=torch.uint8,
+        host = torch.zeros((len(order), self.spec.size, self.spec.size, 3), dtype=torch.uint8,
                            pin_memory=self.device.type == "cuda")
         bad = []
         for k, i in enumerate(order):
             self.stats["cpu_fallbacks"] += 1
             try:
                 host[k] = torch.from_numpy(np.ascontiguousarray(
-                    decode_image(raws[i].numpy().tobytes(), self.opts, rnd(i))))
+                    decode_image(raws[i].numpy().tobytes(), self.spec, rnd(i))))
             except DecodeError as exc:
                 if self.on_error != "skip":
                     raise DecodeError(f"{exc.message} (GPU: {cpu[i]})", key=keys[i]) from None
@@ -311,7 +334,7 @@ def _positions(values: list[int], device: "torch.device") -> "torch.Tensor":
 def standin_backend() -> Callable[[list], list]:
     """A CPU stand-in for nvJPEG with its contract (a list of encoded uint8 tensors in, a list of
     full-size RGB uint8 CHW tensors out; one bad item fails the whole call with torchvision's
-    message shape): ``DeviceLoader(..., decode="gpu", decode_backend=standin_backend())`` runs
+    message shape): ``DeviceLoader(..., decode_on="gpu", decode_backend=standin_backend())`` runs
     the whole GPU plan on a machine without CUDA (tests, ``tools/gpu_check.py --cpu-smoke``)."""
     import simplejpeg
 
@@ -347,7 +370,7 @@ def _nvjpeg(device: "torch.device") -> Callable[[list], list]:
         import torchvision
         import torchvision.io as tvio
     except Exception as exc:  # noqa: BLE001 - ImportError, or a torch it was not built for
-        raise DeviceError(f"decode='gpu' needs a torchvision that imports beside torch "
+        raise DeviceError(f"decode_on='gpu' needs a torchvision that imports beside torch "
                           f"{torch.__version__}: {_why(exc)}",
                           hint="pip install 'shardpack[gpu]' with the torchvision that matches "
                           "your torch") from None
@@ -362,10 +385,10 @@ def _nvjpeg(device: "torch.device") -> Callable[[list], list]:
     except Exception as exc:  # noqa: BLE001 - every cause becomes the one line below
         raise DeviceError(f"GPU JPEG decode does not work on {device} (torchvision "
                           f"{torchvision.__version__}, torch {torch.__version__}): {_why(exc)}",
-                          hint="use decode='cpu'") from None
+                          hint="use decode_on='cpu'") from None
     if tuple(image.shape) != (3, 8, 8):
         raise DeviceError(f"GPU JPEG decode on {device} returned shape {tuple(image.shape)} for "
-                          "an 8x8 probe", hint="use decode='cpu'")
+                          "an 8x8 probe", hint="use decode_on='cpu'")
     return decode
 
 

@@ -87,7 +87,7 @@ class Engine:
             yield pending.pop(0).result()
 
     def close(self) -> None:
-        pass
+        """Stop what the engine started (a pool, a local cluster); nothing for the others."""
 
     def __enter__(self):
         return self
@@ -97,6 +97,8 @@ class Engine:
 
 
 class InlineEngine(Engine):
+    """Runs each task in this process, one after another (``--workers 1``)."""
+
     name, inline = "local", True
 
 
@@ -117,6 +119,7 @@ class LocalEngine(Engine):
         return self.pool.submit(fn, *args)
 
     def close(self) -> None:
+        """Shut the pool down: tasks not started are cancelled, running ones waited for."""
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -134,6 +137,9 @@ class ExecutorEngine(Engine):
 
 
 class DaskEngine(Engine):
+    """Tasks on a Dask cluster: the scheduler at ``address``, or a LocalCluster of ``workers``
+    single-threaded processes started for this pack."""
+
     name = "dask"
 
     def __init__(self, address: str | None = None, workers: int | None = None):
@@ -160,6 +166,7 @@ class DaskEngine(Engine):
         return _to_future(self.client.submit(fn, *args, pure=False))
 
     def close(self) -> None:
+        """Close the client, and the local cluster if this engine started one."""
         if self.client is not None:
             self.client.close()
         if self.cluster is not None:
@@ -167,6 +174,9 @@ class DaskEngine(Engine):
 
 
 class RayEngine(Engine):
+    """Tasks on Ray: the cluster at ``address``, or a local Ray started for this pack with
+    ``workers`` CPUs; an already initialised Ray is used as it is."""
+
     name = "ray"
 
     def __init__(self, address: str | None = None, workers: int | None = None):
@@ -193,6 +203,7 @@ class RayEngine(Engine):
         return _RayFuture(self.ray, self._task.remote(fn, *args))
 
     def close(self) -> None:
+        """Shut Ray down if this engine started it."""
         if self.started:
             self.ray.shutdown()
 

@@ -1,8 +1,7 @@
 """Field readers: how the shard writer gets the bytes of a source field.
 
 Every :class:`~shardpack.write.samples.SourceField` names the :class:`FieldReader` class that reads
-it
-(``SourceField.reader``), chosen by whoever made the field: the walk of a file tree
+it (``SourceField.reader``), chosen by whoever made the field: the walk of a file tree
 (:class:`LocalFiles`, :class:`RemoteFiles`), a converter's source (byte ranges of a container,
 ``sources/common.ByteRanges``; Parquet cells, ``sources/parquet.ParquetCells``), or anyone
 holding the bytes already (:class:`InlineValue`).  A shard task opens one reader per class its
@@ -21,27 +20,40 @@ import stat
 from typing import TYPE_CHECKING
 
 from shardpack.core.errors import DatasetNotFoundError, ShardpackError, SourceError
-from shardpack.storage import Storage
+from shardpack.storage import Storage, storage_options_by_keyword
 
 if TYPE_CHECKING:
     from shardpack.write.samples import SourceField
 
 
 class FieldReader:
-    """Reads the fields of one kind for one shard task.  ``fields``: the task's fields of this
-    kind, in the order they will be read (a skipped sample leaves its fields unread);
-    ``storage_options``: for the source's storage."""
+    """Reads the fields of one kind for one shard task.
 
-    def __init__(self, fields: list[SourceField], storage_options: dict | None = None):
+    Args:
+        fields: the task's fields of this kind, in the order they will be read (a skipped
+            sample leaves its fields unread).
+        storage_options: for the source's storage; keyword-only (by position it is deprecated).
+    """
+
+    @storage_options_by_keyword
+    def __init__(self, fields: list[SourceField], *, storage_options: dict | None = None):
         self.options = storage_options
 
     def read(self, f: SourceField) -> bytes:
-        """The bytes of ``f`` (bytes-like), or a :class:`SourceError` saying why not."""
+        """The bytes of ``f`` (bytes-like), or a :class:`SourceError` saying why not.
+
+        Args:
+            f: one of the fields this reader was opened on.
+        """
         raise NotImplementedError
 
     @staticmethod
     def where(f: SourceField) -> str:
-        """Where ``f`` comes from, for error messages."""
+        """Where ``f`` comes from, for error messages.
+
+        Args:
+            f: a field.
+        """
         return f.path
 
 
@@ -50,10 +62,20 @@ class InlineValue(FieldReader):
     column, a value a converter had to decode."""
 
     def read(self, f: SourceField) -> bytes:
+        """The bytes the field carries.
+
+        Args:
+            f: a field with ``value`` set.
+        """
         return f.value
 
     @staticmethod
     def where(f: SourceField) -> str:
+        """The field's name, for error messages.
+
+        Args:
+            f: a field.
+        """
         return f"field '{f.name}'"
 
 
@@ -69,8 +91,9 @@ class LocalFiles(FieldReader):
     AHEAD_FILES = 64
     AHEAD_BYTES = 32 << 20
 
-    def __init__(self, fields: list[SourceField], storage_options: dict | None = None):
-        super().__init__(fields, storage_options)
+    @storage_options_by_keyword
+    def __init__(self, fields: list[SourceField], *, storage_options: dict | None = None):
+        super().__init__(fields, storage_options=storage_options)
         self.order = fields
         self.pos = 0    # first field not started
         self.next = 0   # first field not hinted yet
@@ -78,12 +101,21 @@ class LocalFiles(FieldReader):
         self.hinting = hasattr(os, "posix_fadvise") and len(fields) > 1
 
     def read(self, f: SourceField) -> bytes:
+        """The file's bytes (:func:`read_file`), the next files hinted first.
+
+        Args:
+            f: a whole-file field.
+        """
         if self.hinting:
             self.advance(f)
         return read_file(f)
 
     def advance(self, f: SourceField) -> None:
-        """``f`` is about to be read: hint the files that now fall in the window after it."""
+        """``f`` is about to be read: hint the files that now fall in the window after it.
+
+        Args:
+            f: the field about to be read.
+        """
         order, i = self.order, self.pos
         while i < len(order) and order[i] is not f:  # (skipped samples leave fields behind)
             i += 1
@@ -111,7 +143,11 @@ class LocalFiles(FieldReader):
 
 
 def read_file(f: SourceField) -> bytes:
-    """The bytes of a whole local file, refusing a file that changed since the walk."""
+    """The bytes of a whole local file, refusing a file that changed since the walk.
+
+    Args:
+        f: a whole-file field (``path``, ``size`` and ``mtime_ns`` from the walk).
+    """
     try:
         fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -160,14 +196,20 @@ class RemoteFiles(FieldReader):
     AHEAD_FILES = 64
     AHEAD_BYTES = 32 << 20
 
-    def __init__(self, fields: list[SourceField], storage_options: dict | None = None):
-        super().__init__(fields, storage_options)
+    @storage_options_by_keyword
+    def __init__(self, fields: list[SourceField], *, storage_options: dict | None = None):
+        super().__init__(fields, storage_options=storage_options)
         self.order = fields
         self.next = 0
         self.got: dict[str, bytes] = {}
         self.storages: dict[str, Storage] = {}
 
     def read(self, f: SourceField) -> bytes:
+        """The file's bytes, from the batch fetched ahead.
+
+        Args:
+            f: a whole-file field.
+        """
         if f.path not in self.got:
             self._fetch(f)
         data = self.got.pop(f.path)
@@ -220,12 +262,31 @@ class RemoteFiles(FieldReader):
             return SourceError(f"cannot read: {exc}", path=f.path)
 
 
-def open_container(f: SourceField, storage_options: dict | None) -> tuple[Storage, str]:
+def whole_files(storage: Storage) -> type[FieldReader]:
+    """The reader of the whole files a walk of ``storage`` finds: :class:`LocalFiles` where they
+    are files of this machine (read by path, read ahead by the kernel, refused if changed since
+    the walk), else :class:`RemoteFiles` (batches of concurrent requests).
+
+    Args:
+        storage: the walked tree's storage.
+    """
+    return LocalFiles if storage.local_path() is not None else RemoteFiles
+
+
+@storage_options_by_keyword
+def open_container(f: SourceField, *,
+                   storage_options: dict | None = None) -> tuple[Storage, str]:
     """(storage of the folder, file name) of the container file a field points into (a byte
-    range, a Parquet cell); a local container that changed since it was indexed is refused."""
+    range, a Parquet cell); a container that changed since it was indexed is refused.
+
+    Args:
+        f: a field with ``path`` naming its container.
+        storage_options: for the container's storage; keyword-only (by position it is
+            deprecated).
+    """
     parent, _, name = f.path.rpartition("/")
     storage = Storage(parent or ".", storage_options)
-    if storage.local and f.mtime_ns and os.stat(f.path).st_mtime_ns != f.mtime_ns:
+    if f.mtime_ns and storage.mtime_ns(name) != f.mtime_ns:
         raise SourceError("file changed during the conversion", path=f.path,
                           hint="convert again once the source is stable")
     return storage, name

@@ -42,6 +42,10 @@ THREADS = 8  # indexes read, files linked or copied at once (remote stores: requ
 
 @dataclass
 class MergeSummary:
+    """What :func:`merge` did: OUT, the parts, samples, shards and bytes merged, how the
+    files got there (hard-linked, copied by the store, copied through this machine), seconds,
+    and notes."""
+
     out: str
     parts: int = 0
     samples: int = 0
@@ -54,6 +58,7 @@ class MergeSummary:
     notes: list = field(default_factory=list)
 
     def line(self) -> str:
+        """The one-line summary the CLI prints."""
         how = [f"{plural(n, 'file')} {what}" for n, what in (
             (self.linked, "hard-linked"), (self.server, "copied by the store"),
             (self.streamed, "copied through this machine")) if n]
@@ -86,7 +91,15 @@ def merge(parts, out, *, storage_options: dict | None = None, overwrite: bool = 
     part order, whatever order they are given in; other parts are merged in the order given.
     ``storage_options`` apply to every part and to OUT.  Returns a :class:`MergeSummary`;
     raises a :class:`~shardpack.core.errors.ShardpackError` with a one-line message naming the part
-    at fault; nothing is published on failure and the parts are never written."""
+    at fault; nothing is published on failure and the parts are never written.
+
+    Args:
+        parts: the datasets merged (folders or URLs).
+        out: the merged dataset's folder or URL.
+        storage_options: fsspec options, for every part and for ``out``.
+        overwrite: replace a dataset at ``out``.
+        progress: show a progress bar.
+    """
     started = time.perf_counter()
     urls = [os.fspath(p) for p in parts]
     if not urls:
@@ -181,23 +194,16 @@ def _manifest(parts: list[_Part], entries: list[dict], fields: set, skipped: dic
 def _open(url: str, storage_options: dict | None) -> _Part:
     """A finished dataset: its manifest must be there and decode (DatasetReader says which part
     it is not)."""
-    reader = DatasetReader(url, storage_options)
+    reader = DatasetReader(url, storage_options=storage_options)
     if not reader.shards and reader.manifest.part is None:  # (a part of a split may be
         raise ShardpackError("part holds no shards", path=url)  # empty: it adds nothing)
     return _Part(url, reader.storage, reader.manifest)
 
 
-def _where(storage: Storage) -> tuple[str, str]:
-    """Where a Storage is, comparable: (filesystem, real path or root)."""
-    if storage.local:
-        return "local", os.path.realpath(storage.root)
-    return type(storage.fs).__name__, storage.root.rstrip("/")
-
-
 def _check_distinct(parts: list[_Part]) -> None:
     seen: dict = {}
     for p in parts:
-        place = _where(p.storage)
+        place = p.storage.place()
         if place in seen:
             raise ShardpackError(f"the same part is given twice: {seen[place].url!r} and "
                                  f"{p.url!r}")
@@ -362,7 +368,7 @@ def _check_keys(parts: list[_Part], progress: bool) -> set:
 # -- OUT ---------------------------------------------------------------------------------------
 
 def _check_not_inside(storage: Storage, part: _Part) -> None:
-    (fs_out, out), (fs_part, root) = _where(storage), _where(part.storage)
+    (fs_out, out), (fs_part, root) = storage.place(), part.storage.place()
     if fs_out == fs_part and (out == root or out.startswith(root.rstrip("/") + "/")):
         raise ShardpackError(f"OUT is {'the part' if out == root else 'inside the part'} "
                              f"{part.url}: merge never writes into a part", path=storage.url,
@@ -403,17 +409,7 @@ def _place(storage: Storage, parts: list[_Part], summary: MergeSummary,
     def put(part: _Part, name: str, dest: str, size: int, content_hash: str) -> None:
         with lock:
             started.append(dest)
-        try:
-            how = storage.copy_from(part.storage, name, dest, size=size,
-                                    content_hash=content_hash)
-        except ShardpackError:
-            raise
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise PackError("out of disk space", path=storage.display(dest),
-                                hint="free some space, then run the merge again") from None
-            raise PackError(f"cannot link or copy {part.storage.display(name)} here: "
-                            f"{exc.strerror or exc}", path=storage.display(dest)) from exc
+        how = _copy(storage, part, name, dest, size, content_hash)
         with lock:
             ways[how] += 1
 
@@ -444,10 +440,25 @@ def _place(storage: Storage, parts: list[_Part], summary: MergeSummary,
             bar.close()
     summary.linked, summary.server, summary.streamed = (ways["linked"], ways["server"],
                                                         ways["streamed"])
-    if storage.local and summary.streamed and any(p.storage.local for p in parts):
+    if summary.streamed and any(storage.can_link(p.storage) for p in parts):
         summary.notes.append(f"{plural(summary.streamed, 'file')} copied, not hard-linked: OUT "
                              "is on another file system than a part, or it allows no links")
     return entries
+
+
+def _copy(storage: Storage, part: _Part, name: str, dest: str, size: int,
+          content_hash: str) -> str:
+    """File ``name`` of ``part`` into OUT as ``dest`` (:meth:`Storage.copy_from`); how."""
+    try:
+        return storage.copy_from(part.storage, name, dest, size=size, content_hash=content_hash)
+    except ShardpackError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise PackError("out of disk space", path=storage.display(dest),
+                            hint="free some space, then run the merge again") from None
+        raise PackError(f"cannot link or copy {part.storage.display(name)} here: "
+                        f"{exc.strerror or exc}", path=storage.display(dest)) from exc
 
 
 def _remove(storage: Storage, names: list[str]) -> None:

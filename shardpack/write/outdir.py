@@ -30,20 +30,18 @@ class OutLock:
         self.storage, self.fd = storage, None
 
     def __enter__(self):
-        if not self.storage.local:
-            return self
         import fcntl
 
-        root = self.storage.root
         try:
-            if os.path.lexists(root) and not os.path.isdir(root):
-                raise ShardpackError("output exists and is not a folder", path=self.storage.url)
-            os.makedirs(root, exist_ok=True)
-            fd = os.open(os.path.join(root, LOCK_NAME),
-                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            fd = self.storage.lock_file(LOCK_NAME)
+        except FileExistsError:
+            raise ShardpackError("output exists and is not a folder",
+                                 path=self.storage.url) from None
         except OSError as exc:
             raise PackError(f"cannot use the output folder: {exc.strerror}",
                             path=self.storage.url) from None
+        if fd is None:  # files here cannot be locked (object stores)
+            return self
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -82,7 +80,7 @@ def is_ours(name: str) -> bool:
     skip report, a temp file, a shard or an index."""
     return (name in (fmt.MANIFEST_NAME, STATE_NAME, fmt.SKIPS_NAME) or is_temp_name(name)
             or (name.startswith("shard-") and name.endswith(
-                tuple(fmt.SHARD_SUFFIX.values()) + (fmt.INDEX_SUFFIX,))))
+                fmt.SHARD_SUFFIXES + (fmt.INDEX_SUFFIX,))))
 
 
 def out_names(storage: Storage) -> tuple[list[str], list[str]]:

@@ -19,56 +19,14 @@ from typing import Iterable, Iterator
 import xxhash
 
 from shardpack.core.errors import ShardpackError, SourceError
-from shardpack.format import COMPRESSIONS, SHARD_FORMATS, TAR_BLOCK
+from shardpack.format import codec_for
 from shardpack.images.content import is_image_field
+from shardpack.write.options import CHECKS, DEFAULT_MAX_SAMPLES, PackOptions, check_part
 from shardpack.write.samples import SourceSample
 
-DEFAULT_MAX_SAMPLES = 100_000
-# image checks at pack time (writer.py, shardpack.images.content)
-CHECKS = ("none", "quick", "full")
-
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """Everything that decides the bytes of the output.  Two packs with equal options of the same
-    source give byte-identical shards and manifest."""
-
-    shard_format: str = "tar"
-    shard_size: int = 256 * 10**6
-    max_samples: int | None = None
-    compression: str = "none"
-    zstd_level: int = 3
-    resize: int | None = None
-    quality: int = 90
-    skip_bad: bool = False
-    layout: str = "auto"
-    group: str = "auto"     # how files group into samples (samples.GROUPS)
-    check: str = "quick"    # image check at pack time (images.CHECKS)
-
-    def __post_init__(self):
-        if self.shard_format not in SHARD_FORMATS:
-            raise ShardpackError(f"unknown shard format {self.shard_format!r}: expected one of "
-                                 f"{SHARD_FORMATS}")
-        if self.compression not in COMPRESSIONS:
-            raise ShardpackError(f"unknown compression {self.compression!r}: expected one of "
-                                 f"{COMPRESSIONS}")
-        if self.compression != "none" and self.shard_format == "tar":
-            raise ShardpackError("tar shards are not compressed (WebDataset readers expect plain "
-                                 "tar): use --format msgpack with --compression zstd")
-        if self.max_samples is not None and self.max_samples <= 0:
-            raise ShardpackError(f"max samples must be positive, got {self.max_samples}")
-        if self.resize is not None and self.resize <= 0:
-            raise ShardpackError(f"--resize must be a positive short-side length, got "
-                                 f"{self.resize}")
-        if not 1 <= self.quality <= 100:
-            raise ShardpackError(f"--quality must be in 1..100, got {self.quality}")
-        if self.check not in CHECKS:
-            raise ShardpackError(f"unknown --check {self.check!r}: expected one of {CHECKS}")
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
+# CHECKS, PackOptions and check_part live in shardpack.write.options; importable here as before
+__all__ = ["CHECKS", "FieldCensus", "PackOptions", "PartOf", "ShardTask", "check_part",
+           "part_of", "plan"]
 
 @dataclass(frozen=True)
 class ShardTask:
@@ -108,7 +66,8 @@ class ShardTask:
                                              "reader (SourceField.reader)")
                     kind = kinds[f.reader] = []
                 kind.append(f)
-        return {reader: reader(fields, storage_options) for reader, fields in kinds.items()}
+        return {reader: reader(fields, storage_options=storage_options)
+                for reader, fields in kinds.items()}
 
 
 class FieldCensus:
@@ -131,6 +90,11 @@ class FieldCensus:
         self.first: dict[str, str] = {}    # dotted field name -> key of its first sample
 
     def add(self, sample: SourceSample) -> None:
+        """Count the dotted field names of ``sample``; fail on too many image fields in it.
+
+        Args:
+            sample: the next sample of the plan.
+        """
         counts = self.counts
         images = 0
         for f in sample.fields:
@@ -151,6 +115,7 @@ class FieldCensus:
             self._fail(f"sample {sample.key!r} holds {images:,} image fields (e.g. {name!r})")
 
     def check(self) -> None:
+        """Fail when most dotted field names so far occur in a single sample each."""
         rare = [name for name, n in self.counts.items() if n == 1]
         if len(rare) < self.MIN_RARE or 2 * len(rare) <= len(self.counts):
             return
@@ -173,21 +138,10 @@ def part_of(key: str, count: int) -> int:
     return xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogateescape")) % count
 
 
-def check_part(part) -> tuple[int, int]:
-    """``(index, count)`` or ``"I/N"`` -> (I, N) with 0 <= I < N; ValueError otherwise."""
-    try:
-        index, count = (map(int, part.split("/")) if isinstance(part, str) else part)
-    except (TypeError, ValueError):
-        raise SourceError(f"--part must be I/N (part I of N, counted from 0), found "
-                          f"{part!r}") from None
-    if not 0 <= index < count:
-        raise SourceError(f"--part {index}/{count}: I must be at least 0 and less than N")
-    return index, count
-
-
 class PartOf:
     """The samples of a source that fall in part ``index`` of ``count`` (:func:`part_of`);
-    everything else (report, src, use_engine) is the source's."""
+    everything else (report, src) is the source's.  The packer tells the source itself, not
+    this wrapper, of its engine (``shardpack.write.pack.RunsOnEngine``)."""
 
     def __init__(self, source, index: int, count: int):
         self.source, self.index, self.count = source, index, count
@@ -202,23 +156,30 @@ class PartOf:
 
 def plan(samples: Iterable[SourceSample], options: PackOptions,
          census: bool = True) -> Iterator[ShardTask]:
-    """``census``: watch field names for dotted names folded together (:class:`FieldCensus`);
-    off where files cannot fold (one sample per image file)."""
+    """The shard tasks of ``samples``, in order (the module's rules).
+
+    Args:
+        samples: the source's samples, in walk order.
+        options: the pack's options (format, shard size, max samples, ...).
+        census: watch field names for dotted names folded together (:class:`FieldCensus`);
+            off where files cannot fold (one sample per image file).
+    """
     census = FieldCensus() if census else None
     number = 0
     batch: list[SourceSample] = []
     size = nbytes = files = 0
-    tar = options.shard_format == "tar"
+    codec = codec_for(options.shard_format)  # the format's overhead, for the size estimate
+    per_field, align = codec.field_overhead, codec.field_align
     limit, max_samples = options.shard_size, options.max_samples or DEFAULT_MAX_SAMPLES
     for sample in samples:
         if census is not None:
             census.add(sample)
-        est = 0 if tar else 40 + len(sample.key)
+        est = codec.sample_overhead(sample.key)
         sample_bytes = sample_files = 0
         for f in sample.fields:  # inlined estimated_size(): this runs once per file
             sample_bytes += f.size
             sample_files += f.path is not None
-            est += TAR_BLOCK + f.size + (-f.size % TAR_BLOCK) if tar else f.size + 8
+            est += per_field + f.size + (-f.size % align)
         if batch and (len(batch) >= max_samples or size + est > limit or (
                 sample.block and size + sample.block > limit and 2 * size >= limit)):
             yield ShardTask(number, tuple(batch), options, nbytes, files)

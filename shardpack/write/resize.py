@@ -9,7 +9,7 @@ EXIF block and ICC profile are copied into the new file, so the packed image car
 orientation tag as the source.  Smaller images are kept byte for byte: shardpack never upscales.
 GIF, BMP, TIFF and animated images pass through unchanged (no sensible lossless re-encode that
 keeps every frame and bit depth), but, like every image, are checked first
-(:func:`images.check_image`).  Other fields pass through unchanged.
+(:func:`shardpack.images.checks.check_image`).  Other fields pass through unchanged.
 """
 
 from __future__ import annotations
@@ -25,6 +25,17 @@ __all__ = ["resize_image"]
 
 
 def resize_image(data: bytes, field: str, short_side: int, quality: int, path: str) -> bytes:
+    """The image bytes of ``field``, checked, and resized by the module's rule when their
+    shorter side is longer than ``short_side``; raises :class:`BrokenImageError` for an image
+    that cannot be read.
+
+    Args:
+        data: the image file's bytes.
+        field: the field name (its extension names the expected format).
+        short_side: the shorter side's length after resizing, in pixels.
+        quality: JPEG and WebP quality of the re-encoded image.
+        path: the source file, for errors.
+    """
     from PIL import Image  # imported here: only packs with --resize need Pillow
 
     named = image_format(field)

@@ -27,6 +27,12 @@ class SkipLog:
         self.entries = 0
 
     def add(self, skips, where: str = "write") -> None:
+        """Record skips.
+
+        Args:
+            skips: (reason, path, message) each.
+            where: ``"walk"`` (the source walk's) or ``"write"`` (the shard writers').
+        """
         f = self._files[where]
         for reason, path, message in skips:
             # ensure_ascii: a name that is not UTF-8 (a surrogate escape) stays valid JSON
@@ -49,6 +55,7 @@ class SkipLog:
         return {"name": fmt.SKIPS_NAME, "entries": self.entries, "bytes": size}
 
     def close(self) -> None:
+        """Drop the temporary files."""
         for f in self._files.values():
             f.close()
 

@@ -3,8 +3,9 @@
 The shard is streamed to a temp file (8 MB write buffer, hashed as it goes), fsynced and renamed;
 then the index is written the same way.  An index only exists next to a complete shard, which is
 what ``--resume`` relies on.  Runs in worker processes: it takes everything from its arguments.
-Field bytes come from the readers the task opens (:mod:`shardpack.fields`): the writer does not
-know how any kind of field is stored.
+Field bytes come from the readers the task opens (:mod:`shardpack.write.fields`): the writer does
+not know how any kind of field is stored, nor how a shard format lays samples out (the format's
+codec, :func:`shardpack.format.codec_for`, encodes them).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ShardResult:
 
     @property
     def first_skips(self) -> list[str]:
+        """The first 20 skips, as ``path: message`` lines for the summary."""
         return [f"{path}: {message}" for _, path, message in self.skips[:20]]
 
 
@@ -82,98 +84,153 @@ class _Sink:
 
 def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = None,
                 source_options: dict | None = None) -> ShardResult:
+    """Write shard ``task.number`` and then its index under ``out_url``, each atomically; a
+    sample whose fields cannot be read is skipped and counted with ``--skip-bad``, else raises.
+
+    Args:
+        task: the plan task: its samples and the pack's options.
+        out_url: the dataset's folder or URL.
+        storage_options: fsspec options of the output.
+        source_options: fsspec options of the sources (for the field readers).
+    """
     opts = task.options
+    codec = fmt.codec_for(opts.shard_format)
     storage = Storage(out_url, storage_options)
     readers = task.open_readers(source_options)  # one per kind of field (shardpack.write.fields)
-    names = sorted({f.name for s in task.samples for f in s.fields})
-    column = {n: i for i, n in enumerate(names)}
-    width = len(names)
-    missing = int(fmt.MISSING)
-    field_offsets: list[int] = []  # row-major [rows x width], turned into arrays at the end
-    field_sizes: list[int] = []
-    starts, raw_sizes, hashes, keys = [], [], [], []
-    skipped, skips = Counter(), []
-    source_bytes = 0
-    compressor = None
-    if opts.compression == "zstd":
-        import zstandard
-
-        compressor = zstandard.ZstdCompressor(level=opts.zstd_level, write_content_size=True)
-    shard = fmt.shard_name(task.number, opts.shard_format)
-    tar = opts.shard_format == "tar"
+    columns = _Columns(task)
+    compressor = _compressor(opts)
     prepare = _prepared if opts.resize or opts.check != "none" else _read_only
-    report, unreported, files = on_files, 0, 0
+    progress = _Progress(on_files)
+    shard = codec.shard_name(task.number)
     with storage.open_atomic(shard) as f:
         sink = _Sink(f)
-        if opts.shard_format == "msgpack":
-            sink.write(fmt.msgpack_file_header())
+        sink.write(codec.file_header())
         for sample in task.samples:
-            if report is not None:
-                files += sum(1 for f in sample.fields if f.path is not None)
-                unreported += 1
-                if unreported == PROGRESS_EVERY:
-                    report(files)
-                    files = unreported = 0
-            try:
-                fields = [(sf.name, prepare(sf, opts, readers)) for sf in sample.fields]
-            except SourceError as exc:
-                if not opts.skip_bad:
-                    raise
-                reason = "broken-image" if isinstance(exc, BrokenImageError) else "read-failed"
-                skipped[reason] += 1
-                where = exc.path or next((f.path for f in sample.fields if f.path), sample.key)
-                skips.append((reason, str(where), exc.message))
+            progress.sample(sample)
+            fields = _read_fields(sample, prepare, opts, readers, columns)
+            if fields is None:
                 continue
-            offsets_row, sizes_row = [missing] * width, [0] * width
-            for name, data in fields:
-                sizes_row[column[name]] = len(data)
-            if tar:
-                record, offsets = _tar_record(sample.key, fields)
-                raw_size = len(record)
-            else:
-                payload, offsets = fmt.encode_payload(sample.key, fields)
-                stored = compressor.compress(payload) if compressor else payload
-                record = fmt.record_header(stored, len(payload), compressor is not None) + stored
-                raw_size = len(payload)
-            for (name, _), off in zip(fields, offsets, strict=True):
-                offsets_row[column[name]] = off
-            field_offsets += offsets_row
-            field_sizes += sizes_row
-            starts.append(sink.pos)
-            raw_sizes.append(raw_size)
-            hashes.append(fmt.sample_hash(record))
-            keys.append(sample.key)
-            source_bytes += sum(sizes_row)
+            record, offsets, raw_size = codec.encode_sample(sample.key, fields, compressor)
+            columns.add(sample.key, fields, offsets, sink.pos, raw_size, fmt.sample_hash(record))
             sink.write(record)
         end = sink.pos
-        if tar:
-            sink.write(fmt.TAR_END)
+        sink.write(codec.file_end())
         sink.flush()
-    if report is not None and files:
-        report(files)
-    rows = len(keys)
-    index = fmt.encode_index(
-        shard_format=opts.shard_format, compression=opts.compression, shard_bytes=sink.pos,
-        shard_hash=sink.hasher.digest(), plan_digest=task.digest,
-        skipped=sum(skipped.values()), fields=names,
-        starts=starts + [end], raw_sizes=raw_sizes, sample_hashes=hashes,
-        field_offsets=np.array(field_offsets, dtype="<u8").reshape(rows, width),
-        field_sizes=np.array(field_sizes, dtype="<u8").reshape(rows, width), keys=keys)
+    progress.done()
+    index = columns.encode_index(opts, sink, end, task.digest)
     index_file = fmt.index_name(task.number)
     storage.write_atomic(index_file, index)
-    entry = fmt.ShardEntry(shard, index_file, rows, sink.pos, sink.hasher.hexdigest(),
-                           len(index), fmt.content_hash(index))
-    return ShardResult(task.number, entry, tuple(names), source_bytes, dict(skipped),
-                       tuple(skips), task.files)
+    entry = fmt.ShardEntry(shard, index_file, len(columns.keys), sink.pos,
+                           sink.hasher.hexdigest(), len(index), fmt.content_hash(index))
+    return ShardResult(task.number, entry, tuple(columns.names), columns.source_bytes,
+                       dict(columns.skipped), tuple(columns.skips), task.files)
+
+
+class _Columns:
+    """What the index of a shard being written records, sample by sample: record starts,
+    payload sizes, hashes, keys, and each sample's field offsets and sizes (row-major lists,
+    one column per field name of the task, made into arrays at the end); and the skips."""
+
+    def __init__(self, task: ShardTask):
+        self.names = sorted({f.name for s in task.samples for f in s.fields})
+        self.column = {n: i for i, n in enumerate(self.names)}
+        self.width = len(self.names)
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        self.starts, self.raw_sizes, self.hashes, self.keys = [], [], [], []
+        self.source_bytes = 0
+        self.skipped: Counter = Counter()
+        self.skips: list[tuple[str, str, str]] = []
+
+    def add(self, key: str, fields, offsets, start: int, raw_size: int, digest: int) -> None:
+        offsets_row, sizes_row = [_MISSING] * self.width, [0] * self.width
+        column = self.column
+        for (name, data), off in zip(fields, offsets, strict=True):
+            offsets_row[column[name]] = off
+            sizes_row[column[name]] = len(data)
+        self.offsets += offsets_row
+        self.sizes += sizes_row
+        self.starts.append(start)
+        self.raw_sizes.append(raw_size)
+        self.hashes.append(digest)
+        self.keys.append(key)
+        self.source_bytes += sum(sizes_row)
+
+    def skip(self, sample, exc: SourceError) -> None:
+        reason = "broken-image" if isinstance(exc, BrokenImageError) else "read-failed"
+        self.skipped[reason] += 1
+        where = exc.path or next((f.path for f in sample.fields if f.path), sample.key)
+        self.skips.append((reason, str(where), exc.message))
+
+    def encode_index(self, opts, sink: _Sink, end: int, digest: int) -> bytes:
+        rows, width = len(self.keys), self.width
+        return fmt.encode_index(
+            shard_format=opts.shard_format, compression=opts.compression, shard_bytes=sink.pos,
+            shard_hash=sink.hasher.digest(), plan_digest=digest,
+            skipped=sum(self.skipped.values()), fields=self.names,
+            starts=self.starts + [end], raw_sizes=self.raw_sizes, sample_hashes=self.hashes,
+            field_offsets=np.array(self.offsets, dtype="<u8").reshape(rows, width),
+            field_sizes=np.array(self.sizes, dtype="<u8").reshape(rows, width), keys=self.keys)
+
+
+_MISSING = int(fmt.MISSING)
+
+
+def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns):
+    """``[(name, bytes)]`` of the sample's fields, or None when one cannot be read and
+    ``--skip-bad`` skips the sample (counted in ``columns``)."""
+    try:
+        return [(sf.name, prepare(sf, opts, readers)) for sf in sample.fields]
+    except SourceError as exc:
+        if not opts.skip_bad:
+            raise
+        columns.skip(sample, exc)
+        return None
+
+
+def _compressor(opts):
+    """The zstd compressor of a compressed pack, or None."""
+    if opts.compression != "zstd":
+        return None
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=opts.zstd_level, write_content_size=True)
+
+
+class _Progress:
+    """Source files written, reported to ``report`` (:data:`on_files`) every
+    :data:`PROGRESS_EVERY` samples and at the end."""
+
+    def __init__(self, report):
+        self.report, self.unreported, self.files = report, 0, 0
+
+    def sample(self, sample) -> None:
+        if self.report is None:
+            return
+        self.files += sum(1 for f in sample.fields if f.path is not None)
+        self.unreported += 1
+        if self.unreported == PROGRESS_EVERY:
+            self.report(self.files)
+            self.files = self.unreported = 0
+
+    def done(self) -> None:
+        if self.report is not None and self.files:
+            self.report(self.files)
 
 
 def result_from_index(task: ShardTask, storage: Storage) -> ShardResult | None:
     """For ``--resume``: the result of an already complete shard, or None if it must be redone.
 
     Complete means: the index exists, decodes, was made by the same plan task, and the shard file
-    has the size and hash the index records."""
+    has the size and hash the index records.
+
+    Args:
+        task: the plan task the shard was written for.
+        storage: the dataset's storage.
+    """
     opts = task.options
-    shard, index_file = fmt.shard_name(task.number, opts.shard_format), fmt.index_name(task.number)
+    shard = fmt.codec_for(opts.shard_format).shard_name(task.number)
+    index_file = fmt.index_name(task.number)
     try:
         data = storage.read_bytes(index_file)
         index = fmt.decode_index(data, storage.display(index_file))
@@ -208,22 +265,6 @@ def _kept_skips(task: ShardTask, index) -> tuple[tuple[str, str, str], ...]:
                   str(next((f.path for f in s.fields if f.path), s.key)),
                   "skipped by the interrupted run (its reason was not recorded)")
                  for s in task.samples if s.key not in kept)
-
-
-_PADDING = [bytes(-n % fmt.TAR_BLOCK) for n in range(fmt.TAR_BLOCK)]
-
-
-def _tar_record(key: str, fields: list[tuple[str, bytes]]) -> tuple[bytes, list[int]]:
-    """One sample's tar members, and where each field's data starts in them."""
-    parts, offsets, offset = [], [], 0
-    for name, data in fields:
-        header = fmt.tar_header(fmt.tar_member_name(key, name), len(data))
-        pad = _PADDING[len(data) % fmt.TAR_BLOCK]
-        offset += len(header)
-        offsets.append(offset)
-        offset += len(data) + len(pad)
-        parts += (header, data, pad)
-    return b"".join(parts), offsets
 
 
 def _read_only(sf: SourceField, opts, readers: dict) -> bytes:

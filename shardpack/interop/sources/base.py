@@ -24,6 +24,19 @@ from shardpack.storage import Storage
 
 
 class ContainerSource:
+    """A converter's source: the files of one container format (``format``, files ending in
+    ``suffixes``) at ``src``, as a checked stream of
+    :class:`~shardpack.write.samples.SourceSample` plus a report.  Subclasses implement
+    :meth:`samples`.
+
+    Args:
+        src: the source's folder, file or URL.
+        storage_options: fsspec options for a remote source.
+        skip_bad: bad samples are skipped and counted instead of stopping the conversion.
+        allow_pickle: pickled values are carried as their bytes instead of refused (they are
+            never unpickled).
+    """
+
     format: ClassVar[str] = ""
     suffixes: ClassVar[tuple[str, ...]] = ()  # file names this format is made of
 
@@ -39,6 +52,8 @@ class ContainerSource:
 
     # -- for subclasses ----------------------------------------------------------------------
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
+        """``(key or None, fields, where[, block bytes])`` of each sample, in source order
+        (see the module docstring)."""
         raise NotImplementedError
 
     def files(self, suffixes: tuple[str, ...] | None = None) -> list[str]:
@@ -66,14 +81,20 @@ class ContainerSource:
         except RecursionError:
             raise SourceError(f"{name} is nested too deeply to be an index", path=shown) from None
 
+    @property
+    def origin(self) -> str:
+        """The source as a resume state and a manifest record it: its absolute path, or its URL
+        as given."""
+        return self.storage.location(self.single or "")
+
     def url(self, name: str) -> str:
         """The URL a worker process reads ``name`` from (an absolute path when local)."""
-        return self.storage.path(name) if self.storage.local else self.storage.display(name)
+        return self.storage.location(name)
 
     def mtime_ns(self, name: str) -> int:
         """Modification time of a local file (0 when remote): the writer refuses a file that
         changed between indexing and reading."""
-        return os.stat(self.storage.path(name)).st_mtime_ns if self.storage.local else 0
+        return self.storage.mtime_ns(name)
 
     def bad(self, where: str, reason: str, kind: str) -> None:
         """Raise, or with ``skip_bad`` count and remember a bad entry."""
@@ -115,12 +136,11 @@ class ContainerSource:
 def _locate(src: str, storage_options: dict) -> tuple[Storage, str | None]:
     """(storage of the folder, None) for a folder; (storage of its parent, name) for a file."""
     storage = Storage(src, storage_options)
-    if not storage.local:  # an HTTP folder without a listing: MDS, LitData (index.json)
-        try:
-            if storage.exists("index.json"):
-                return storage, None
-        except Exception:  # noqa: BLE001 - then it is not such a folder
-            pass
+    try:  # an HTTP folder without a listing: MDS, LitData (index.json)
+        if storage.exists("index.json"):
+            return storage, None
+    except Exception:  # noqa: BLE001 - then it is not such a folder
+        pass
     try:
         is_dir = storage.fs.isdir(storage.root)
         exists = is_dir or storage.exists()

@@ -18,6 +18,7 @@ import zlib
 import numpy as np
 
 from shardpack.core.errors import SourceError
+from shardpack.storage import storage_options_by_keyword
 from shardpack.write.fields import FieldReader, open_container
 from shardpack.format import check_field_name
 
@@ -43,6 +44,13 @@ class Window:
         self.buf = b""
 
     def get(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the file, from the block read (one read of the next block
+        when they are outside it); past the file's end is a SourceError.
+
+        Args:
+            start: the first byte.
+            end: the byte after the last.
+        """
         if end > self.size:
             raise SourceError(f"needs bytes {start}..{end} but the file has {self.size}: "
                               "truncated", path=self.shown)
@@ -61,14 +69,20 @@ class ByteRanges(FieldReader):
     converted from a tar or MDS file costs a few large reads, not one per field.  Any storage
     fsspec reaches works; a local container is refused if it changed since the plan."""
 
-    def __init__(self, fields, storage_options: dict | None = None, block: int = 16 << 20):
-        super().__init__(fields, storage_options)
+    @storage_options_by_keyword
+    def __init__(self, fields, *, storage_options: dict | None = None, block: int = 16 << 20):
+        super().__init__(fields, storage_options=storage_options)
         self.block = block
         self.containers: dict[str, tuple] = {}  # path -> (storage, name, size)
         self.path = None
         self.window: Window | None = None
 
     def read(self, f) -> bytes:
+        """The field's bytes, from the window on its container.
+
+        Args:
+            f: one of the fields this reader was opened on.
+        """
         if f.path != self.path:
             self._open(f)
         start, end = f.offset, f.offset + f.size
@@ -80,7 +94,7 @@ class ByteRanges(FieldReader):
 
     def _open(self, f) -> None:
         if f.path not in self.containers:
-            storage, name = open_container(f, self.options)
+            storage, name = open_container(f, storage_options=self.options)
             self.containers[f.path] = storage, name, storage.size(name)
         self.window = None  # let the old window's block go before the next one is read
         self.window = Window(*self.containers[f.path], self.block)
@@ -88,6 +102,11 @@ class ByteRanges(FieldReader):
 
     @staticmethod
     def where(f) -> str:
+        """The container and byte offset of ``f``, for error messages.
+
+        Args:
+            f: a field.
+        """
         return f"{f.path} at byte {f.offset}"
 
 
@@ -98,6 +117,12 @@ class Memory:
         self.data, self.size, self.shown = memoryview(data), len(data), shown
 
     def get(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the data; past its end is a SourceError.
+
+        Args:
+            start: the first byte.
+            end: the byte after the last.
+        """
         if end > self.size:
             raise SourceError(f"needs bytes {start}..{end} but the decompressed data has "
                               f"{self.size}: truncated", path=self.shown)
@@ -126,31 +151,12 @@ def decompress(codec: str, data: bytes, expected: int, shown: str) -> bytes:
             raise SourceError(f"the index records {expected} decompressed bytes, the zstd frame "
                               f"header says {declared}: refused", path=shown)
     check_expansion(expected, len(data), shown)
-    limit = expected + 1  # one byte over is enough to know the index is wrong
+    inflate = _INFLATE.get(codec)
+    if inflate is None:
+        raise SourceError(f"unsupported compression {codec!r}: expected one of "
+                          f"{', '.join(CODECS)}", path=shown)
     try:
-        if codec == "zstd":
-            import zstandard
-
-            out = bytearray()
-            with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as r:
-                while len(out) < limit:
-                    part = r.read(min(limit - len(out), 16 << 20))
-                    if not part:
-                        break
-                    out += part
-        elif codec == "gz":
-            d = zlib.decompressobj(wbits=31)
-            out = d.decompress(data, limit)
-            if len(out) <= expected and not d.eof:
-                raise ValueError("the compressed stream ends early")
-        elif codec == "bz2":
-            d = bz2.BZ2Decompressor()
-            out = d.decompress(data, limit)
-            if len(out) <= expected and not d.eof:
-                raise ValueError("the compressed stream ends early")
-        else:
-            raise SourceError(f"unsupported compression {codec!r}: expected one of "
-                              f"{', '.join(CODECS)}", path=shown)
+        out = inflate(data, expected + 1)  # one byte over is enough to know the index is wrong
     except (zlib.error, OSError, EOFError, ValueError) as exc:
         raise SourceError(f"cannot decompress ({codec}): {type(exc).__name__}: {exc}",
                           path=shown) from None
@@ -165,6 +171,34 @@ def decompress(codec: str, data: bytes, expected: int, shown: str) -> bytes:
         raise SourceError(f"decompresses to {len(out)} bytes, the index records {expected}: "
                           "truncated or replaced", path=shown)
     return out
+
+
+def _zstd(data: bytes, limit: int) -> bytearray:
+    import zstandard
+
+    out = bytearray()
+    with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as r:
+        while len(out) < limit:
+            part = r.read(min(limit - len(out), 16 << 20))
+            if not part:
+                break
+            out += part
+    return out
+
+
+def _stream(d, data: bytes, limit: int) -> bytes:
+    """Up to ``limit`` bytes out of the decompressor ``d``; a stream that ends early (less
+    than ``limit``, no end marker) is a ValueError."""
+    out = d.decompress(data, limit)
+    if len(out) < limit and not d.eof:
+        raise ValueError("the compressed stream ends early")
+    return out
+
+
+# codec -> (compressed bytes, most bytes wanted) -> decompressed bytes
+_INFLATE = {"zstd": _zstd,
+            "gz": lambda data, limit: _stream(zlib.decompressobj(wbits=31), data, limit),
+            "bz2": lambda data, limit: _stream(bz2.BZ2Decompressor(), data, limit)}
 
 
 def zstd_frame_size(data: bytes) -> int | None:

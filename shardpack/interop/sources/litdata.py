@@ -55,6 +55,9 @@ _PREFIX, _FRAME = struct.Struct("<8sHHIII"), struct.Struct("<IIQII")
 
 
 class Leaf(NamedTuple):
+    """One leaf of a LitData sample: its key ``name``, the ``field`` it becomes, its serializer
+    ``format``, how it is carried (``kind``) and the ``dtype`` of a scalar or header-less array."""
+
     name: str
     field: str
     format: str
@@ -63,6 +66,9 @@ class Leaf(NamedTuple):
 
 
 class LitDataSource(ContainerSource):
+    """A LitData ``optimize()`` output (index.json and chunk ``.bin`` files): every sample of
+    every chunk, each leaf a field (docs/convert.md, "LitData")."""
+
     format = "litdata"
     suffixes = (".bin",)
 
@@ -77,6 +83,7 @@ class LitDataSource(ContainerSource):
         self.chunks, self.shown = index["chunks"], shown
 
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
+        """``(None, fields, where)`` of each item of each chunk, in index order."""
         for chunk in self.chunks:
             yield from self._chunk(chunk, self.shown)
 
@@ -145,37 +152,9 @@ class LitDataSource(ContainerSource):
 
     # -- one chunk ---------------------------------------------------------------------------
     def _chunk(self, chunk, shown: str):
-        if not isinstance(chunk, dict) or not isinstance(chunk.get("filename"), str) \
-                or not isinstance(chunk.get("chunk_size"), int) \
-                or not isinstance(chunk.get("chunk_bytes"), int):
-            raise SourceError(f"bad chunk entry {chunk!r}: expected filename, chunk_size, "
-                              "chunk_bytes", path=shown)
-        name, count, nbytes = chunk["filename"], chunk["chunk_size"], chunk["chunk_bytes"]
-        why = unsafe_name_reason(name)
-        if why:
-            raise SourceError(f"chunk filename {name!r}: {why}", path=shown)
+        name, count, nbytes = _chunk_entry(chunk, shown)
         where = self.storage.display(name)
-        url, mtime = None, 0
-        if self.compression and self.level == "chunk":
-            data = self.storage.read_bytes(name)
-            src = Memory(decompress("zstd", data, nbytes, where), where)
-            del data
-            offsets = _offsets(src, count, where)
-        else:
-            size = self.storage.size(name)
-            if size != nbytes:
-                raise SourceError(f"chunk file is {size} bytes, index.json records {nbytes}: "
-                                  "truncated or replaced", path=where)
-            src = Window(self.storage, name, size)
-            if self.compression and self.level == "batch" and src.get(0, 8) == FRAMED_MAGIC:
-                src, offsets = _unframe(self.storage.read_bytes(name), count, where)
-            else:
-                if self.compression and self.level == "batch":
-                    self.note("some chunks are indexed as batch-compressed but stored "
-                              "uncompressed (a LitData writer quirk): read as plain chunks")
-                offsets = _offsets(src, count, where)
-                if not (self.compression and self.level == "sample"):
-                    url, mtime = self.url(name), self.mtime_ns(name)
+        src, offsets, url, mtime = self._chunk_items(name, count, nbytes, where)
         if offsets[-1] != src.size and src.get(src.size - 8, src.size) == FOOTER_MAGIC:
             self.note("LitData Arrow row footers were ignored (the chunk bodies hold the same "
                       "rows)")
@@ -196,6 +175,29 @@ class LitDataSource(ContainerSource):
                 self.bad(item_where, str(exc), "corrupt")
                 continue
             yield None, fields, item_where
+
+    def _chunk_items(self, name: str, count: int, nbytes: int, where: str):
+        """(the chunk's bytes (a Memory or a Window), its item offsets, and the URL and mtime
+        that carried fields point into, or None and 0 when they are copied out)."""
+        if self.compression and self.level == "chunk":
+            data = self.storage.read_bytes(name)
+            src = Memory(decompress("zstd", data, nbytes, where), where)
+            del data
+            return src, _offsets(src, count, where), None, 0
+        size = self.storage.size(name)
+        if size != nbytes:
+            raise SourceError(f"chunk file is {size} bytes, index.json records {nbytes}: "
+                              "truncated or replaced", path=where)
+        src = Window(self.storage, name, size)
+        if self.compression and self.level == "batch" and src.get(0, 8) == FRAMED_MAGIC:
+            return (*_unframe(self.storage.read_bytes(name), count, where), None, 0)
+        if self.compression and self.level == "batch":
+            self.note("some chunks are indexed as batch-compressed but stored uncompressed (a "
+                      "LitData writer quirk): read as plain chunks")
+        offsets = _offsets(src, count, where)
+        if self.compression and self.level == "sample":
+            return src, offsets, None, 0
+        return src, offsets, self.url(name), self.mtime_ns(name)
 
     def _fields(self, src, start: int, end: int, url, mtime) -> list[SourceField]:
         head = 4 * len(self.leaves)
@@ -228,6 +230,20 @@ _CONVERTED = {"scalar": "ASCII decimal text", "pil": "PNG of the same pixels",
               "graph:pickle": "pickled bytes as they are, never unpickled"}
 
 
+def _chunk_entry(chunk, shown: str) -> tuple[str, int, int]:
+    """(file name, items, bytes) of one chunk entry of index.json, checked."""
+    if not isinstance(chunk, dict) or not isinstance(chunk.get("filename"), str) \
+            or not isinstance(chunk.get("chunk_size"), int) \
+            or not isinstance(chunk.get("chunk_bytes"), int):
+        raise SourceError(f"bad chunk entry {chunk!r}: expected filename, chunk_size, "
+                          "chunk_bytes", path=shown)
+    name = chunk["filename"]
+    why = unsafe_name_reason(name)
+    if why:
+        raise SourceError(f"chunk filename {name!r}: {why}", path=shown)
+    return name, chunk["chunk_size"], chunk["chunk_bytes"]
+
+
 def _leaf_names(spec_text, count: int, shown: str) -> list[str]:
     """Leaf names from the pytree spec: a flat dict's keys, a tuple/list's indexes, or
     ``data`` for a sample that is one leaf.  The spec is checked shape by shape (a JSON text
@@ -236,6 +252,29 @@ def _leaf_names(spec_text, count: int, shown: str) -> list[str]:
     def bad(why: str):
         return SourceError(f"config.data_spec is not a pytree spec: {why}", path=shown)
 
+    root = _spec_root(spec_text, shown, bad)
+    kind, children = root["type"], root["children_spec"]
+    if kind is None:
+        names = ["data"]
+    elif kind in ("builtins.dict", "collections.OrderedDict"):
+        names = _dict_keys(root.get("context"), bad)
+        if len(names) != len(children):
+            raise bad(f"the dict has {len(names)} keys and {len(children)} children")
+    elif kind in ("builtins.tuple", "builtins.list", "collections.namedtuple"):
+        names = [str(i) for i in range(len(children))]
+    else:
+        raise SourceError(f"unsupported sample type {kind[:80]!r} in data_spec: expected a "
+                          "dict, tuple or list of values", path=shown)
+    if kind is not None and any(c.get("type") is not None for c in children):
+        raise SourceError("nested samples (a dict or list inside the sample) are not "
+                          "supported: make each value a leaf", path=shown)
+    if len(names) != count:
+        raise SourceError(f"data_spec has {len(names)} leaves, data_format {count}", path=shown)
+    return names
+
+
+def _spec_root(spec_text, shown: str, bad) -> dict:
+    """The root spec of a data_spec text, its type a name or null and its children specs."""
     if not isinstance(spec_text, str):
         raise bad(f"expected the JSON text of a spec, found a {type(spec_text).__name__}")
     spec = _json(spec_text, bad)
@@ -252,29 +291,17 @@ def _leaf_names(spec_text, count: int, shown: str) -> list[str]:
         raise bad(f"the sample type must be a name or null, found {kind!r}")
     if not isinstance(children, list) or not all(isinstance(c, dict) for c in children):
         raise bad("children_spec is not a list of specs")
-    if kind is None:
-        names = ["data"]
-    elif kind in ("builtins.dict", "collections.OrderedDict"):
-        context = root.get("context")
-        keys = _json(context, bad) if isinstance(context, str) else None
-        if not isinstance(keys, list) or not all(
-                isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys):
-            found = "none" if context is None else repr(str(context)[:80])
-            raise bad(f"a dict's context must be the JSON text of its key list, found {found}")
-        names = [str(k) for k in keys]
-        if len(names) != len(children):
-            raise bad(f"the dict has {len(names)} keys and {len(children)} children")
-    elif kind in ("builtins.tuple", "builtins.list", "collections.namedtuple"):
-        names = [str(i) for i in range(len(children))]
-    else:
-        raise SourceError(f"unsupported sample type {kind[:80]!r} in data_spec: expected a "
-                          "dict, tuple or list of values", path=shown)
-    if kind is not None and any(c.get("type") is not None for c in children):
-        raise SourceError("nested samples (a dict or list inside the sample) are not "
-                          "supported: make each value a leaf", path=shown)
-    if len(names) != count:
-        raise SourceError(f"data_spec has {len(names)} leaves, data_format {count}", path=shown)
-    return names
+    return root
+
+
+def _dict_keys(context, bad) -> list[str]:
+    """A dict sample's keys: its context is the JSON text of its key list."""
+    keys = _json(context, bad) if isinstance(context, str) else None
+    if not isinstance(keys, list) or not all(
+            isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys):
+        found = "none" if context is None else repr(str(context)[:80])
+        raise bad(f"a dict's context must be the JSON text of its key list, found {found}")
+    return [str(k) for k in keys]
 
 
 def _json(text: str, bad):

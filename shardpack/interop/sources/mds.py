@@ -46,6 +46,10 @@ KNOWN = sorted(set(CARRIED) | set(SCALARS) | {"pil", "ndarray"})
 
 
 class Column(NamedTuple):
+    """One MDS column: its ``name``, the ``field`` it becomes, its ``encoding``, how it is
+    carried (``kind``), its fixed ``size`` (None: each sample records it), and the ``dtype`` and
+    ``shape`` of a scalar or static ndarray."""
+
     name: str
     field: str
     encoding: str
@@ -56,6 +60,9 @@ class Column(NamedTuple):
 
 
 class Shard(NamedTuple):
+    """One MDS shard entry of index.json, checked: its columns, sample count, raw file and
+    size, and its compression and compressed file, if any."""
+
     columns: list[Column]
     samples: int
     raw_name: str
@@ -66,6 +73,9 @@ class Shard(NamedTuple):
 
 
 class MDSSource(ContainerSource):
+    """A MosaicML Streaming (MDS) dataset (index.json and ``.mds`` shards): every sample of
+    every shard, each column a field (docs/convert.md, "MDS")."""
+
     format = "mds"
     suffixes = (".mds",)
 
@@ -82,6 +92,7 @@ class MDSSource(ContainerSource):
                        for number, shard in enumerate(index["shards"])]
 
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
+        """``(None, fields, where)`` of each sample of each shard, in index order."""
         for shard in self.shards:
             yield from self._shard(shard)
 
@@ -104,37 +115,13 @@ class MDSSource(ContainerSource):
 
     # -- one shard ---------------------------------------------------------------------------
     def _shard(self, shard: Shard):
-        columns, count, raw_bytes = shard.columns, shard.samples, shard.raw_bytes
-        if shard.compression:
-            codec, zip_name = shard.compression.split(":", 1)[0], shard.zip_name
-            zip_shown, zip_bytes = self.storage.display(zip_name), shard.zip_bytes
-            data = self.storage.read_bytes(zip_name)
-            if len(data) != zip_bytes:
-                raise SourceError(f"shard file is {len(data)} bytes, index.json records "
-                                  f"{zip_bytes}: truncated or replaced", path=zip_shown)
-            src = Memory(decompress(codec, data, raw_bytes, zip_shown), zip_shown)
-            del data
-            url = None
-        else:
-            size = self.storage.size(shard.raw_name)
-            src = Window(self.storage, shard.raw_name, size)
-            if size != raw_bytes:
-                raise SourceError(f"shard file is {size} bytes, index.json records {raw_bytes}: "
-                                  "truncated or replaced", path=src.shown)
-            url, mtime = self.url(shard.raw_name), self.mtime_ns(shard.raw_name)
-        n = int(np.frombuffer(src.get(0, 4), "<u4")[0])
-        if n != count:
-            raise SourceError(f"shard holds {n} samples, index.json says {count}: corrupt",
-                              path=src.shown)
-        offsets = np.frombuffer(src.get(4, 8 + 4 * n), "<u4").astype(np.int64)
-        if n and (offsets[0] < 8 + 4 * n or np.any(np.diff(offsets) < 0)
-                  or offsets[-1] != raw_bytes):
-            raise SourceError("corrupt shard: its sample offsets are out of order or do not end "
-                              "at the end of the shard", path=src.shown)
+        columns = shard.columns
+        src, url, mtime = self._shard_bytes(shard)
+        offsets = _sample_offsets(src, shard.samples, shard.raw_bytes)
         variable = [c for c in columns if c.size is None]
         fixed = sum(c.size for c in columns if c.size is not None)
         head = 4 * len(variable)
-        for i in range(n):
+        for i in range(len(offsets) - 1):
             start, end = int(offsets[i]), int(offsets[i + 1])
             sample_where = f"{src.shown}: sample {i}"
             if end - start < head + fixed:
@@ -164,6 +151,27 @@ class MDSSource(ContainerSource):
                          "bad-value")
                 continue
             yield None, fields, sample_where
+
+    def _shard_bytes(self, shard: Shard):
+        """(the shard's bytes: decompressed in memory, or a Window on the file; the URL and
+        mtime carried fields point into, or None and 0 when they are copied out)."""
+        raw_bytes = shard.raw_bytes
+        if shard.compression:
+            codec, zip_name = shard.compression.split(":", 1)[0], shard.zip_name
+            zip_shown, zip_bytes = self.storage.display(zip_name), shard.zip_bytes
+            data = self.storage.read_bytes(zip_name)
+            if len(data) != zip_bytes:
+                raise SourceError(f"shard file is {len(data)} bytes, index.json records "
+                                  f"{zip_bytes}: truncated or replaced", path=zip_shown)
+            src = Memory(decompress(codec, data, raw_bytes, zip_shown), zip_shown)
+            del data
+            return src, None, 0
+        size = self.storage.size(shard.raw_name)
+        src = Window(self.storage, shard.raw_name, size)
+        if size != raw_bytes:
+            raise SourceError(f"shard file is {size} bytes, index.json records {raw_bytes}: "
+                              "truncated or replaced", path=src.shown)
+        return src, self.url(shard.raw_name), self.mtime_ns(shard.raw_name)
 
     def _columns(self, shard, where: str) -> list[Column]:
         if not isinstance(shard, dict):
@@ -231,6 +239,21 @@ class MDSSource(ContainerSource):
             if c.encoding in CONVERTED or c.kind in CONVERTED:
                 self.note(f"MDS column {c.name!r} ({c.encoding}) -> field {c.field!r} "
                           f"({CONVERTED.get(c.encoding) or CONVERTED[c.kind]})")
+
+
+def _sample_offsets(src, count: int, raw_bytes: int) -> np.ndarray:
+    """The sample offsets of a shard (one more than its samples), checked against the count
+    and size index.json records."""
+    n = int(np.frombuffer(src.get(0, 4), "<u4")[0])
+    if n != count:
+        raise SourceError(f"shard holds {n} samples, index.json says {count}: corrupt",
+                          path=src.shown)
+    offsets = np.frombuffer(src.get(4, 8 + 4 * n), "<u4").astype(np.int64)
+    if n and (offsets[0] < 8 + 4 * n or np.any(np.diff(offsets) < 0)
+              or offsets[-1] != raw_bytes):
+        raise SourceError("corrupt shard: its sample offsets are out of order or do not end "
+                          "at the end of the shard", path=src.shown)
+    return offsets
 
 
 def _file(entry, what: str, where: str) -> tuple[str, int]:

@@ -37,24 +37,21 @@ One row = one sample; column rules (docs/convert.md):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 from collections.abc import Iterator
 
 from shardpack.core.errors import SourceError
+from shardpack.storage import storage_options_by_keyword
 from shardpack.write.fields import FieldReader, open_container
-from shardpack.format import check_field_name
-from shardpack.images.content import is_image_field
 from shardpack.write.samples import SourceField
 from shardpack.interop.sources.base import ContainerSource, inline
+from shardpack.interop.sources.parquet_schema import ENCODERS, plan_columns
 
 BATCH_BYTES = 16 << 20   # target uncompressed bytes of one record batch
 MAX_BATCH_ROWS = 1024
 BUFFER_SIZE = 1 << 20    # pyarrow reads column chunks page by page through a buffer this size
-KEY_COLUMNS = ("__key__", "key")
-LABEL_NAMES = ("label", "labels")  # plain columns that get a note suggesting --label-column
 _SPLIT_FILE = re.compile(r"(?:^|/)([\w.]+?)-\d+-of-\d+\.parquet$")
 
 
@@ -88,6 +85,15 @@ def _open(pq, f, shown: str):
 
 
 class ParquetSource(ContainerSource):
+    """Parquet files (one, or a folder of them, sub-folders included): one sample per row,
+    one field per column (see the module docstring).
+
+    Args:
+        src: the file, folder or URL.
+        label_column: a column that becomes the ``cls`` field (``--label-column``).
+        **kwargs: :class:`~shardpack.interop.sources.base.ContainerSource`'s arguments.
+    """
+
     format = "parquet"
     suffixes = (".parquet",)
 
@@ -98,6 +104,12 @@ class ParquetSource(ContainerSource):
         self._class_names = None  # pa.array of the sorted string labels, once read
 
     def files(self, suffixes=None) -> list[str]:
+        """Names of the source's Parquet files, sorted, sub-folders included (hidden ones and
+        names starting with '_' are left out and counted).
+
+        Args:
+            suffixes: unused (always ``.parquet``).
+        """
         if self.single is not None:
             return [self.single]
         root = self.storage.root.rstrip("/")
@@ -121,6 +133,8 @@ class ParquetSource(ContainerSource):
         return sorted(names)
 
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
+        """``(key or None, fields, where[, block bytes])`` of each row of each file; a row
+        group's first row carries the group's estimated bytes."""
         pq = import_pyarrow()[1]
         names = self.files()
         splits = sorted({m.group(1) for n in names if (m := _SPLIT_FILE.search(n))})
@@ -336,222 +350,6 @@ def _estimated_sizes(meta, binary_columns) -> dict[str, list[int]]:
     return out
 
 
-def _json_default(value):
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return str(value)  # Decimal
-
-
-ENCODERS = {
-    "binary": bytes,
-    "int": lambda v: str(int(v)).encode(),
-    "label": lambda v: str(int(v)).encode(),
-    "string": lambda v: v.encode("utf-8"),
-    "float": lambda v: repr(float(v)).encode(),
-    "bool": lambda v: b"true" if v else b"false",
-    "decimal": lambda v: str(v).encode(),
-    "time": lambda v: v.isoformat().encode(),
-    "json": lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":"),
-                                 default=_json_default).encode(),
-}
-
-
-def plan_columns(schema, shown: str, note, label_column: str | None = None
-                 ) -> tuple[list[tuple[str, str, str]], str | None, list[str] | None]:
-    """``([(column, kind, field)], key column or None, class names or None)`` for one file's
-    Arrow schema, or a :class:`SourceError` naming the column that cannot be carried.
-    ``label_column`` (``--label-column``) becomes field ``cls``: kind ``label`` (integers) or
-    ``classname`` (strings, indexed by the source's sorted class names)."""
-    features, meta_classes = read_metadata(schema.metadata, note)
-    names = schema.names
-    key_col = next((k for k in KEY_COLUMNS if k in names), None)
-    labels = [n for n in names if _feature_type(features, n) == "ClassLabel"
-              and _kind(schema.field(n).type) == "int"]
-    label_col, label_kind, classes = _plan_label(schema, shown, note, label_column, key_col,
-                                                 labels, features, meta_classes)
-    columns, fields = [], {}
-    for field in schema:
-        col, kind = field.name, _kind(field.type)
-        if col == key_col:
-            if kind not in ("string", "int"):
-                raise SourceError(f"key column {col!r} has type {field.type}: a key must be a "
-                                  "string or an integer", path=shown)
-            continue
-        if col.startswith("__") and col != label_col:
-            note(f"column {col!r} was skipped (names starting with '__' are reserved)")
-            continue
-        if kind == "null":
-            continue
-        if kind is None:
-            raise SourceError(f"column {col!r} has type {field.type}, which cannot become a "
-                              "field (binary, Image/Audio structs, numbers, strings, booleans, "
-                              "dates and lists/structs without binary data can)", path=shown)
-        if col == label_col:
-            kind, name = label_kind, "cls"
-        else:
-            name = _field_name(col, kind, features)
-        why = check_field_name(name)
-        if why:
-            raise SourceError(f"column {col!r}: {why}", path=shown)
-        if name in fields:
-            raise SourceError(f"columns {fields[name]!r} and {col!r} would both become field "
-                              f"{name!r}", path=shown)
-        fields[name] = col
-        _note_feature(note, col, kind, name, _feature_type(features, col), col == label_col)
-        columns.append((col, kind, name))
-    return columns, key_col, classes
-
-
-def _plan_label(schema, shown: str, note, label_column: str | None, key_col: str | None,
-                labels: list[str], features, meta_classes
-                ) -> tuple[str | None, str, list[str] | None]:
-    """``(label column or None, its kind, class names or None)``: ``--label-column`` when
-    given, else a single ClassLabel column (or a column ``cls`` with class names in the
-    metadata); notes what could not be carried, or could be with ``--label-column``."""
-    names = schema.names
-    label_col, label_kind, classes = None, "label", None
-    if label_column is not None:
-        label_col, label_kind = _label_column(schema, shown, label_column, key_col, labels)
-        if label_col in labels:
-            classes = list(features[label_col].get("names") or [])
-        elif label_col == "cls" and meta_classes is not None:
-            classes = meta_classes
-    elif len(labels) > 1:
-        note(f"several ClassLabel columns ({', '.join(labels)}): the manifest holds one class "
-             "list, so their class names were not carried")
-    elif labels and labels[0] != "cls" and "cls" in names:
-        note(f"ClassLabel column {labels[0]!r} kept its name (a column 'cls' exists): its class "
-             "names were not carried")
-    elif labels:
-        label_col, classes = labels[0], list(features[labels[0]].get("names") or [])
-    elif meta_classes is not None and "cls" in names:
-        classes = meta_classes
-    if label_col is None and not labels and "cls" not in names:
-        for col in LABEL_NAMES:
-            if col in names and _kind(schema.field(col).type) in ("int", "string"):
-                note(f"column {col!r} became field {col!r}, not the class label field 'cls': "
-                     f"pass --label-column {col} to make it the label")
-    return label_col, label_kind, classes
-
-
-def _field_name(col: str, kind: str, features) -> str:
-    """The field name of a column that is not the label: its name, plus ``.image`` for a
-    Hugging Face Image column whose name readers would not take for an image field, or
-    ``.json`` for JSON values in a column without a dot."""
-    if kind == "file" and _feature_type(features, col) == "Image" and not is_image_field(col):
-        return f"{col}.image"  # readers find it as an image field, whatever each row holds
-    if kind == "json" and "." not in col:
-        return f"{col}.json"
-    return col
-
-
-def _note_feature(note, col: str, kind: str, name: str, feature: str | None,
-                  is_label: bool) -> None:
-    """Notes for a carried column: a Hugging Face feature type that is not carried, or
-    ``{bytes, path}`` cells under a name readers do not take for an image field."""
-    if feature not in (None, "Value", "ClassLabel", "Image") and not is_label:
-        note(f"column {col!r}: the Hugging Face {feature} feature type is not carried "
-             f"(the values are, as {'bytes' if kind == 'file' else kind})")
-    elif kind == "file" and feature is None and not is_image_field(name):
-        note(f"column {col!r} ({{bytes, path}} without a Hugging Face feature) became field "
-             f"{name!r}, which readers do not take for an image field: if it holds images, "
-             f"decode it with field={name!r}, or name the column image")
-
-
-def _label_column(schema, shown: str, col: str, key_col: str | None,
-                  labels: list[str]) -> tuple[str, str]:
-    """(column, kind) of ``--label-column``, or a one-line :class:`SourceError`."""
-    names = schema.names
-    listed = ", ".join(names)
-    if col not in names:
-        raise SourceError(f"--label-column {col!r}: no such column (the columns are: {listed})",
-                          path=shown)
-    if col == key_col:
-        raise SourceError(f"--label-column {col!r} is the sample key column", path=shown)
-    others = [n for n in labels if n != col]
-    if others:
-        raise SourceError(f"--label-column {col!r}: the Hugging Face ClassLabel column "
-                          f"{others[0]!r} already becomes field 'cls' (the columns are: "
-                          f"{listed})", path=shown,
-                          hint=f"drop --label-column, or pass --label-column {others[0]}")
-    t = schema.field(col).type
-    kind = _kind(t)
-    if kind == "int":
-        return col, "label"
-    if kind == "string":
-        return col, "classname"
-    if kind == "null":
-        raise SourceError(f"--label-column {col!r} holds only nulls", path=shown)
-    raise SourceError(f"--label-column {col!r} has type {t}: a label column must hold integers "
-                      "or strings", path=shown)
-
-
-def _feature_type(features: dict, column: str) -> str | None:
-    feature = features.get(column)
-    return feature.get("_type") if isinstance(feature, dict) else None
-
-
-def read_metadata(metadata: dict | None, note) -> tuple[dict, list[str] | None]:
-    """(Hugging Face features by column, class names from ``shardpack`` metadata) of a schema's
-    metadata; what has no place in a shardpack dataset is noted."""
-    features, classes = {}, None
-    for raw_key, raw in (metadata or {}).items():
-        key = raw_key.decode("utf-8", "replace")
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = None
-        if key == "huggingface" and isinstance(value, dict):
-            info = value.get("info") if isinstance(value.get("info"), dict) else {}
-            features = info.get("features") if isinstance(info.get("features"), dict) else {}
-            dropped = sorted(k for k, v in info.items() if k != "features" and v)
-            if dropped:
-                note(f"Hugging Face dataset info ({', '.join(dropped)}) is not carried")
-        elif key == "shardpack" and isinstance(value, dict) \
-                and isinstance(value.get("classes"), list):
-            classes = [str(c) for c in value["classes"]]
-        else:
-            note(f"Parquet schema metadata {key!r} is not carried")
-    return features, classes
-
-
-def _kind(t) -> str | None:
-    """The encoding rule of an Arrow type, None when it has none."""
-    import pyarrow as pa
-
-    types = pa.types
-    if types.is_dictionary(t):
-        return _kind(t.value_type)
-    if types.is_binary(t) or types.is_large_binary(t) or types.is_fixed_size_binary(t) \
-            or getattr(types, "is_binary_view", lambda _: False)(t):
-        return "binary"
-    if types.is_integer(t):
-        return "int"
-    if types.is_string(t) or types.is_large_string(t) \
-            or getattr(types, "is_string_view", lambda _: False)(t):
-        return "string"
-    if types.is_boolean(t):
-        return "bool"
-    if types.is_floating(t):
-        return "float"
-    if types.is_decimal(t):
-        return "decimal"
-    if types.is_timestamp(t) or types.is_date(t) or types.is_time(t):
-        return "time"
-    if types.is_null(t):
-        return "null"
-    if types.is_struct(t) and {t.field(i).name for i in range(t.num_fields)} == {"bytes", "path"} \
-            and _kind(t.field("bytes").type) == "binary":
-        return "file"
-    if types.is_struct(t) or types.is_map(t) or types.is_list(t) or types.is_large_list(t) \
-            or types.is_fixed_size_list(t):
-        children = [t.field(i).type for i in range(t.num_fields)]
-        if all(_kind(c) in ("int", "string", "bool", "float", "decimal", "time", "null", "json")
-               for c in children):
-            return "json"
-    return None
-
-
 class ParquetCells(FieldReader):
     """Reads Parquet cells this source deferred to the shard writer (``SourceField.column`` the
     column, ``offset`` the row), so the parent process never holds or pickles image bytes.  Rows
@@ -562,8 +360,9 @@ class ParquetCells(FieldReader):
 
     BATCH_BYTES = 2 << 20
 
-    def __init__(self, fields, storage_options: dict | None = None):
-        super().__init__(fields, storage_options)
+    @storage_options_by_keyword
+    def __init__(self, fields, *, storage_options: dict | None = None):
+        super().__init__(fields, storage_options=storage_options)
         self.columns: dict[str, set] = {}
         for f in fields:
             self.columns.setdefault(f.path, set()).add(f.column)
@@ -575,6 +374,11 @@ class ParquetCells(FieldReader):
         self.values: dict = {}
 
     def read(self, f) -> bytes:
+        """The cell's bytes, from the record batch that holds its row.
+
+        Args:
+            f: one of the fields this reader was opened on.
+        """
         if f.path != self.path or not self.first <= f.offset < self.stop:
             self._load(f)
         data = self.values[f.column][f.offset - self.first]
@@ -586,6 +390,11 @@ class ParquetCells(FieldReader):
 
     @staticmethod
     def where(f) -> str:
+        """The file, row and column of ``f``, for error messages.
+
+        Args:
+            f: a field.
+        """
         return f"{f.path} row {f.offset} column {'.'.join(f.column)}"
 
     def _load(self, f) -> None:
@@ -593,7 +402,7 @@ class ParquetCells(FieldReader):
 
         pq = import_pyarrow()[1]  # the allocator setting, when this process imports it first
         if f.path not in self.files:
-            storage, name = open_container(f, self.options)
+            storage, name = open_container(f, storage_options=self.options)
             handle = storage.open_arrow(name)
             pf = pq.ParquetFile(handle)
             starts = [0]

@@ -28,10 +28,14 @@ SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
 class WebDatasetSource(ContainerSource):
+    """WebDataset tar shards (``.tar``, ``.tar.gz``, ``.tgz``): members grouped into samples
+    by key, as webdataset groups them (docs/convert.md, "WebDataset")."""
+
     format = "webdataset"
     suffixes = SUFFIXES
 
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
+        """``(key, fields, where)`` of each sample of each tar, in file and member order."""
         self.directories = 0
         for name in self.files():
             shown = self.storage.display(name)

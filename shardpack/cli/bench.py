@@ -1,0 +1,83 @@
+"""``shardpack bench``: a thin command over :func:`shardpack.inspect.bench.run`."""
+
+from __future__ import annotations
+
+import click
+
+from shardpack.cli.common import quiet_option, show_progress
+from shardpack.core.errors import ShardpackError
+
+
+@click.command()
+@click.argument("datasets", metavar="DATASET...", nargs=-1)
+@click.option("--files", "files", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Run the same pipeline over an unpacked file tree instead (ImageFolder or any "
+                   "files), to compare with the packed DATASET.")
+@click.option("--weights", default=None, metavar="W1,W2,...",
+              help="Several DATASETs are read as one mixture (docs/mixing.md): their relative "
+                   "shares [default: each dataset once].")
+@click.option("--epoch-size", type=click.IntRange(min=1), default=None,
+              help="Samples in a mixture's epoch [default: the datasets' sum].")
+@click.option("--decode", type=click.Choice(["none", "cpu", "gpu"]), default="none",
+              show_default=True, help="none: bytes only; cpu: decode + crop in the workers; "
+              "gpu: nvJPEG on the device (needs CUDA and torchvision).")
+@click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--size", type=click.IntRange(min=8), default=224, show_default=True,
+              help="Output image side when decoding.")
+@click.option("--step-ms", type=click.FloatRange(min=0), default=0.0,
+              help="Simulate a training step of this many ms per batch and report the fraction "
+                   "of wall time spent waiting for data.")
+@click.option("--batches", type=click.IntRange(min=1), default=None,
+              help="Stop after this many batches [default: one epoch].")
+@click.option("--device", default=None, help="cpu or cuda [default: cuda if available].")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=str), default=None,
+              metavar="FILE", help="Write samples/s over time and the wait per step as a PNG, "
+                                   "first batch marked (needs matplotlib: pip install "
+                                   "'shardpack[plot]').")
+@quiet_option
+def bench(datasets, files, weights, epoch_size, decode, workers, batch_size, size, step_ms,
+          batches, device, plot, quiet):
+    """Measure the real loading pipeline on DATASET: samples/s, MB/s, time to first batch, and
+    with --step-ms how long a training step would wait for data.  Several DATASETs: a mixture
+    (--weights, --epoch-size)."""
+    from shardpack.inspect.bench import BenchOptions, run
+
+    if bool(datasets) == (files is not None):
+        raise ShardpackError("give a DATASET (or several) or --files SRC_DIR (one of them)")
+    if (weights or epoch_size) and len(datasets) < 2:
+        raise ShardpackError("--weights and --epoch-size are for a mixture: give several "
+                             "DATASETs")
+    shares = None
+    if weights:
+        try:
+            shares = tuple(float(w) for w in weights.split(","))
+        except ValueError:
+            raise ShardpackError(f"--weights {weights!r}: give numbers, e.g. 3,1") from None
+        if len(shares) != len(datasets):
+            raise ShardpackError(f"--weights has {len(shares)} values for {len(datasets)} "
+                                 "datasets")
+    dataset = list(datasets) if len(datasets) > 1 else (datasets[0] if datasets else None)
+    if plot is not None:
+        from shardpack.inspect.sampling import require_plot
+
+        require_plot()  # before the run, not after it
+    from shardpack.loader.torchenv import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if decode == "gpu" and not device.startswith("cuda"):
+        raise ShardpackError("--decode gpu needs a CUDA device; this machine has none",
+                             hint="use --decode cpu")
+    opts = BenchOptions(decode=decode, workers=workers, batch_size=batch_size, size=size,
+                        step_ms=step_ms, batches=batches, device=device, weights=shares,
+                        epoch_size=epoch_size)
+    result = run(dataset, opts, files=files, progress=show_progress(quiet))
+    for line in result.lines():
+        click.echo(line)
+    if plot is not None:
+        result.timeline.plot(plot, f"{result.source}: decode {decode}, {workers} workers, "
+                                   f"batch {batch_size}", step_ms)
+        click.echo(f"plot          {plot}")
+
+
+COMMANDS = (bench,)
