@@ -22,14 +22,14 @@ import threading
 import time
 from pathlib import Path
 
-# the checkout the suites run from (tools/make_images.py, the peers' venvs); the A/B harness
+# the checkout the suites run from (scripts/make_images.py, the peers' venvs); the A/B harness
 # runs this package from a copy and says where the checkout is
 ROOT = Path(os.environ.get("SHARDPACK_BENCH_ROOT") or Path(__file__).resolve().parents[1])
 HARNESS = Path(__file__).resolve().parents[1]  # the folder holding this package
 DATA = ROOT / "bench-data"
 PEER_PY = ROOT / ".bench-venv" / "bin" / "python"
 LOADERS_PY = ROOT / ".bench-loaders-venv" / "bin" / "python"
-MAKE_IMAGES = ROOT / "tools" / "make_images.py"
+MAKE_IMAGES = ROOT / "scripts" / "make_images.py"
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = mmap.PAGESIZE
 
@@ -286,14 +286,14 @@ def shardpack_cmd(*args) -> list[str]:
 # ------------------------------------------------------------------------------ shared data
 
 def ensure_images(data_dir: Path, count: int, tiny: bool = False) -> tuple[Path, str]:
-    """An ImageFolder tree of ``count`` generated JPEGs (tools/make_images.py; ~100 KB each, or
+    """An ImageFolder tree of ``count`` generated JPEGs (scripts/make_images.py; ~100 KB each, or
     ~1 KB with ``tiny``) in DATA_DIR/{imagenet,tiny}-COUNT, made unless a finished one is there.
     Returns (path, the command that made it)."""
     src = Path(data_dir) / f"{'tiny' if tiny else 'imagenet'}-{count}"
     done = Path(f"{src}.done")
     cmd = [sys.executable, str(MAKE_IMAGES), str(src), "--count", str(count)]
     cmd += ["--tiny"] if tiny else []
-    shown = shlex.join(["python", "tools/make_images.py", _shown(src)] + cmd[3:])
+    shown = shlex.join(["python", "scripts/make_images.py", _shown(src)] + cmd[3:])
     if not done.exists():
         src.parent.mkdir(parents=True, exist_ok=True)
         print("generating:", shown, file=sys.stderr, flush=True)

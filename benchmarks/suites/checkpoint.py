@@ -13,7 +13,7 @@ from benchmarks import common as c
 from benchmarks.registry import suite
 from benchmarks.results import Outcome, figure
 
-TRAIN = c.ROOT / "tools" / "train_example.py"
+TRAIN = c.ROOT / "examples" / "train_example.py"
 MODES = {"no save": ["--save-every-steps", "0", "--keep", "1"],
          "synchronous save": [],
          "--async-save": ["--async-save"]}
@@ -28,7 +28,7 @@ def options(p) -> None:
 
 
 def one_run(run, ds, mode) -> dict:
-    """tools/train_example.py in a fresh process; its step and save timings."""
+    """examples/train_example.py in a fresh process; its step and save timings."""
     a = run.args
     out = run.data_dir / "ckpt" / "run"
     shutil.rmtree(out, ignore_errors=True)
@@ -50,7 +50,7 @@ def one_run(run, ds, mode) -> dict:
 
 @suite("checkpoint", title="Checkpoints that don't stall training", options=options,
        quick=dict(steps=6, every=3, model="small"),
-       measures="""Step time of tools/train_example.py on CPU (2,000 tiny generated JPEGs, crops
+       measures="""Step time of examples/train_example.py on CPU (2,000 tiny generated JPEGs, crops
        of 32 px, batch 32, 1 worker, Adam) with no save, a synchronous save and `--async-save`,
        a save every 6 steps into the data folder on disk (fsync'd, as the example does); each
        run a fresh process, modes alternated. The figure is the mean step over the run (the

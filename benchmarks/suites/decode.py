@@ -131,6 +131,6 @@ def run_decode(run) -> Outcome:
                f"from the dataset's construction; target < 1 s: {c.verdict(ttfb < 1)}"),
     ]
     what = (run.args.dataset if run.args.dataset else f"{run.args.images:,} generated JPEGs of "
-            "~100 KB (tools/make_images.py) packed as tar")
+            "~100 KB (scripts/make_images.py) packed as tar")
     setup = f"{what}; batch {BATCH}, {WORKERS} workers or processes, {run.reps} repetitions."
     return Outcome(figures, setup, raw=runs)

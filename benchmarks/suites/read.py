@@ -326,7 +326,7 @@ def run_read(run) -> Outcome:
     run.log("== shuffle quality")
     quality = c.fresh(f"{HERE}:shuffle_quality", str(sets["img-tar-10"]))
     figures += quality_figures(quality, run.args.images)
-    setup = (f"Generated JPEGs (tools/make_images.py) packed with `shardpack pack` (tar and "
+    setup = (f"Generated JPEGs (scripts/make_images.py) packed with `shardpack pack` (tar and "
              f"msgpack; 10-shard sets with --max-samples); {run.reps} repetitions; MB/s counts "
              "`jpg` bytes; the others' CPU share during each run is in the raw results.")
     return Outcome(figures, setup, versions=_versions(), raw=raw)

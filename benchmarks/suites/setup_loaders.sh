@@ -28,7 +28,7 @@ if ! pkg-config --exists libturbojpeg opencv4 2>/dev/null; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q pkg-config libturbojpeg0-dev libopencv-dev
 fi
-. tools/torch_venv.sh
+. scripts/torch_venv.sh
 fresh_torch_venv "$VENV"
 "${PIP[@]}" install -q -c "$PINS" numpy opencv-python-headless pillow numba matplotlib pkgconfig \
   setuptools wheel

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Recreate .bench-venv, the venv of the peers (MosaicML streaming's MDSWriter, LitData's optimize;
-# webdataset too) that the pack, convert and peers suites run and that tests/test_convert_peers.py
+# webdataset too) that the pack, convert and peers suites run and that tests/integration/test_convert_peers.py
 # uses to write its input datasets, from scratch:
 #  1. torch==2.13.0 first: the CPU wheel that lies on disk (pip's find-links) and nothing newer;
 #     the same pin stays a constraint afterwards, so no dependency can pull a CUDA torch.
@@ -11,7 +11,7 @@
 #     serializers only; the benchmark writes bytes and ints); streaming imports it only via
 #     streaming/__init__.py -> streaming.vision, which benchmarks/suites/writers.py sidesteps by
 #     importing streaming.base directly. `pip check` therefore reports torchvision missing: expected.
-# With --keep, an existing .bench-venv that passes the import check is kept as it is (tools/test.sh
+# With --keep, an existing .bench-venv that passes the import check is kept as it is (scripts/test.sh
 # uses this); a missing or broken one is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,7 +36,7 @@ PYEOF
 if [ "${1:-}" = "--keep" ] && [ -x "$VENV/bin/python" ] && check_peers 2>/dev/null; then
   exit 0
 fi
-. tools/torch_venv.sh
+. scripts/torch_venv.sh
 fresh_torch_venv "$VENV"
 "${PIP[@]}" install -q -c "$PINS" "mosaicml-streaming==0.13.0" "litdata==0.2.76" "webdataset==1.0.2"
 "${PIP[@]}" uninstall -q -y torchvision

@@ -79,7 +79,7 @@ def mix_order(source_sizes: Sequence[Sequence[int]], counts: Sequence[int], *, s
     each in a new order.  The sources are interleaved in proportion: the k-th sample of a source
     goes at fraction ``(k + u) / c`` of the epoch (``u`` uniform in [0, 1) with shuffle, 0.5
     without), so any stretch of the order holds each source within 3 of its share
-    (tests/test_mix.py)."""
+    (tests/integration/test_mix.py)."""
     offsets = np.concatenate([[0], np.cumsum([int(np.sum(s)) for s in source_sizes])])
     ids, keys = [], []
     for s, (sizes, c) in enumerate(zip(source_sizes, counts, strict=True)):

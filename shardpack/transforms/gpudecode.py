@@ -335,7 +335,7 @@ def standin_backend() -> Callable[[list], list]:
     """A CPU stand-in for nvJPEG with its contract (a list of encoded uint8 tensors in, a list of
     full-size RGB uint8 CHW tensors out; one bad item fails the whole call with torchvision's
     message shape): ``DeviceLoader(..., decode_on="gpu", decode_backend=standin_backend())`` runs
-    the whole GPU plan on a machine without CUDA (tests, ``tools/gpu_check.py --cpu-smoke``)."""
+    the whole GPU plan on a machine without CUDA (tests, ``scripts/gpu_check.py --cpu-smoke``)."""
     import simplejpeg
 
     def decode(items: list) -> list:

@@ -101,7 +101,7 @@ def run_campaign(args, only: str | None = None, pick: int | None = None) -> tupl
         big = R.big_dataset(tmp)
         kill_set = L.process_dataset(tmp)
         if servers.find_nginx() is None:
-            raise SystemExit("nginx is needed for the cache family (tools/setup.sh installs it)")
+            raise SystemExit("nginx is needed for the cache family (scripts/setup.sh installs it)")
         with servers.NginxServer(serve, tmp / "nginx") as nginx:
             tries = build_tries(tmp, args, nginx.url, sets, big, kill_set)
             if only is not None:

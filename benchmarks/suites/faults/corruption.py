@@ -1,7 +1,8 @@
 """The faults suite's second and third parts: the corruption campaign (bit flips, truncations
 and swaps of a small packed dataset, read by shardpack's readers and WebDataset's tar reader in
 this process under a SIGALRM timer) and the sweep of systematic manifest edits through
-``shardpack verify`` (tests/faults.py holds both: tests/test_integrity.py runs them too)."""
+``shardpack verify`` (testbed/faults.py holds both: tests/robustness/test_integrity.py runs them
+too)."""
 
 from __future__ import annotations
 

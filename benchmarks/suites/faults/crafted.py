@@ -367,14 +367,15 @@ def _state_fn(clean, name, batched):
 
 # -- image bombs --------------------------------------------------------------------------------
 
-BOMBS = ROOT / "tests" / "hostile" / "images"
+BOMBS = ROOT / "tests" / "robustness" / "hostile" / "images"
 BOMB_USES = ("pack --check full", "verify --decode", "CpuDecode", "CpuDecode(on_error='skip')",
              "preview")
 MEMORY_HEADROOM = 1 << 30  # address space a try may add: the PNG bomb alone took 1.8 GB
 
 
 def bomb_tries(timeout: float) -> list[Try]:
-    """Each image of tests/hostile/images (headers claiming 8,000-13,000 pixels a side, over or
+    """Each image of tests/robustness/hostile/images (headers claiming 8,000-13,000 pixels a side,
+    over or
     under the decode budget) through every command that decodes, in a process whose address
     space may grow by MEMORY_HEADROOM only (a decode that takes what the header says is a
     MemoryError: another exception)."""

@@ -1,6 +1,6 @@
 """The faults suite's remote families: a misbehaving HTTP server, and
 the shard cache (damaged cached copies, a file as cache_dir, a read-only cache, one corrupt cached
-file read by several processes).  Servers are tests/servers.py's, on 127.0.0.1 only: the
+file read by several processes).  Servers are testbed/servers.py's, on 127.0.0.1 only: the
 project's FaultServer (started inside each try's own process, so its state is the try's) and
 nginx (one for the cache family, started by the benchmark)."""
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up .venv if needed, lint (ruff, configured in pyproject.toml: the run fails on any finding),
+# and run the whole test suite (slow tests included). Extra arguments go to pytest, e.g.
+# `bash scripts/test.sh -m "not slow" -x`.
+# tests/integration/test_convert_peers.py converts datasets written by the peers' own writers (MDSWriter,
+# litdata.optimize), which live in .bench-venv: it is built here when missing or broken (a few
+# minutes, once), and SHARDPACK_REQUIRE_PEERS=1 makes those tests fail rather than skip without it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --with-nginx
+.venv/bin/python -m ruff check shardpack tests scripts examples benchmarks testbed
+bash benchmarks/suites/setup_peers.sh --keep
+export SHARDPACK_REQUIRE_PEERS=1
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,225 @@
+"""scripts/gpu_check.py, where it can run without a GPU: the CPU smoke run of every section
+(stand-in
+CUDA events and decoder), each image generator, sections that fail alone (--inject-failure), the
+measurement's arithmetic on made-up event timelines, and the one-line refusal of the GPU run
+without CUDA.  The GPU run itself needs a CUDA machine (docs/device.md, "GPU checks")."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+HAS_SKIMAGE = importlib.util.find_spec("skimage") is not None
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("gpu_check", mod)  # (its dataclasses look their module up)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gc_mod = _module()
+
+
+def _run(*args: str, env: dict | None = None, timeout: float = 120):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def _tables(text: str) -> tuple[str, dict[str, tuple[str, str]], list[dict]]:
+    """(header line, {section: (check, result)}, feed rows as dicts) of what the script prints."""
+    lines = text.strip().splitlines()
+    start = lines.index("| section | check | result |")
+    assert lines[start + 1] == "|---|---|---|"
+    rows, i = {}, start + 2
+    while i < len(lines) and lines[i].startswith("| "):
+        section, check, result = lines[i][2:-2].split(" | ", 2)
+        assert section not in rows, section
+        rows[section] = (check, result)
+        i += 1
+    feeds = []
+    if "| " + " | ".join(gc_mod.FEED_COLUMNS) + " |" in lines:
+        head = lines.index("| " + " | ".join(gc_mod.FEED_COLUMNS) + " |")
+        for line in lines[head + 2:]:
+            if not line.startswith("| "):
+                break
+            feeds.append(dict(zip(gc_mod.FEED_COLUMNS, line[2:-2].split(" | "), strict=True)))
+    return lines[start - 2], rows, feeds
+
+
+def _smoke(tmp_path, *args: str, env: dict | None = None, ok: bool = True):
+    out, js = tmp_path / "gpu.md", tmp_path / "gpu.json"
+    t0 = time.perf_counter()
+    proc = _run("--cpu-smoke", "--out", str(out), "--json", str(js), *args, env=env)
+    took = time.perf_counter() - t0
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    else:
+        assert proc.returncode == 1, proc.stderr[-4000:]
+    assert out.read_text().strip() == proc.stdout.strip()  # --out holds the printed tables
+    head, rows, feeds = _tables(proc.stdout)
+    assert "CPU smoke run (stand-in CUDA events and decoder)" in head and "--cpu-smoke" in head
+    return head, rows, feeds, json.loads(js.read_text()), proc, took
+
+
+def test_cpu_smoke_runs_every_section(tmp_path):
+    head, rows, feeds, data, proc, took = _smoke(tmp_path, "--synthetic")
+    loaders = [f"loader.{f}.{w}" for w in (2, 4, 12) for f in ("cpu", "gpu")]
+    assert list(rows) == ["data", "decode", "nvjpeg", "model", *loaders, "errors", "transfer",
+                          "tests"]
+    assert not any(r.startswith(("FAILED", "skipped")) for _, r in rows.values()), rows
+    assert took < 60
+    assert rows["decode"][1].startswith("PASS: mean abs diff ")
+    assert "status 3 BAD_JPEG" in rows["errors"][1] and "with a C++ backtrace" in rows["errors"][1]
+    assert rows["tests"][1].endswith("(smoke: collected, not run)")
+    assert "4 tests collected" in rows["tests"][1]
+    # the fed runs: the ceiling, then CPU and GPU decode at each worker count
+    assert [(f["feed"], f["workers"]) for f in feeds] == [("ceiling", "-")] + [
+        (name, str(w)) for w in (2, 4, 12) for name in ("CPU decode", "GPU decode")]
+    for f in data["feeds"]:
+        assert f["rate"] > 0 and 0 <= f["idle"] <= 1 and f["steady_steps"] > 0, f
+        assert len(f["window_rates"]) == (3 if f["feed"] == "ceiling" else 2)
+        if f["feed"] != "ceiling":  # an epoch start, timed apart from the steady windows
+            assert f["epoch_start_ms"] is not None and f["epoch_start_ms"] >= 0, f
+            assert f["cpu_fallbacks"] == 0 and f["bad"] == 0 and f["x_ceiling"] > 0
+            assert f["steps"] == 10 + 1  # one epoch, then the next one's first step
+    assert len(data["answer"]) == 4 and data["answer"][0].startswith("* 2 workers: GPU idle ")
+    assert data["failed"] == [] and data["smoke"] is True
+
+
+@pytest.mark.skipif(not HAS_SKIMAGE, reason="scikit-image (scripts/make_images.py's photos)")
+def test_cpu_smoke_with_make_images(tmp_path):
+    head, rows, *_ = _smoke(tmp_path, "--sections", "data,decode")
+    assert "scripts/make_images.py photos" in head and list(rows) == ["data", "decode"]
+    assert rows["decode"][1].startswith("PASS")
+
+
+def test_synthetic_fallback_without_scikit_image(tmp_path):
+    """A scikit-image without its photos (here: an empty package shadowing the real one) makes the
+    script fall back to the synthetic images by itself."""
+    fake = tmp_path / "fake"
+    (fake / "skimage").mkdir(parents=True)
+    (fake / "skimage" / "__init__.py").write_text("")
+    head, rows, *_ = _smoke(tmp_path, "--images", "96", "--sections", "data",
+                            env={"PYTHONPATH": str(fake)})
+    assert "synthetic numpy+Pillow images (scikit-image photos missing" in head
+    assert rows["data"][0].startswith("generate + pack 96 JPEGs")
+
+
+def test_a_failed_section_is_one_row_and_the_others_still_run(tmp_path):
+    """--inject-failure raises inside the named sections: each is a FAILED row with its one-line
+    cause, the later sections run (the loader builds the model the model section did not), and
+    the exit code is 1."""
+    _, rows, feeds, data, proc, _ = _smoke(
+        tmp_path, "--synthetic", "--workers", "2", "--sections",
+        "data,model,loader,errors,transfer", "--inject-failure", "model",
+        "--inject-failure", "loader.gpu.2", ok=False)
+    assert list(rows) == ["data", "model", "loader.cpu.2", "loader.gpu.2", "errors", "transfer"]
+    assert rows["model"][1] == ("FAILED: InjectedFailure: injected failure in model "
+                                "(--inject-failure model)")
+    assert rows["loader.gpu.2"][1].startswith("FAILED: InjectedFailure: injected failure in "
+                                              "loader.gpu.2")
+    for ok in ("data", "loader.cpu.2", "errors", "transfer"):
+        assert not rows[ok][1].startswith("FAILED"), rows[ok]
+    assert [f["feed"] for f in feeds] == ["CPU decode", "GPU decode"]
+    assert feeds[1]["images/s"].startswith("FAILED: InjectedFailure")
+    assert data["failed"] == ["model", "loader.gpu.2"]
+    assert "2 section(s) failed: model, loader.gpu.2" in proc.stderr
+
+
+def test_without_data_the_sections_that_need_it_fail_alone(tmp_path):
+    _, rows, _, data, _, _ = _smoke(tmp_path, "--workers", "2", "--sections",
+                                    "data,decode,model,loader", "--inject-failure", "data",
+                                    ok=False)
+    assert rows["data"][1].startswith("FAILED: InjectedFailure")
+    for name in ("decode", "loader.cpu.2", "loader.gpu.2"):
+        assert rows[name][1] == ("FAILED: Unavailable: needs the data section's result, which "
+                                 "it did not make"), rows[name]
+    assert not rows["model"][1].startswith("FAILED")  # the ceiling needs no data
+    assert data["failed"] == ["data", "decode", "loader.cpu.2", "loader.gpu.2"]
+
+
+def test_unknown_section_is_refused():
+    proc = _run("--cpu-smoke", "--inject-failure", "decoder", timeout=60)
+    assert proc.returncode == 2 and "unknown section(s) decoder" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_gpu_run_without_cuda_is_one_line(tmp_path):
+    proc = _run("--out", str(tmp_path / "gpu.md"), timeout=60)
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: no CUDA device"), proc.stderr
+    assert "--cpu-smoke" in lines[0]
+    assert not (tmp_path / "gpu.md").exists()
+
+
+# -- the measurement's arithmetic ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("epoch_len", "warmup", "windows"),
+                         [(48, 14, 4), (48, 4, 4), (10, 2, 2), (17, 5, 3), (6, 5, 4), (4, 4, 2)])
+def test_steady_windows_cover_the_rest_of_one_epoch_and_never_cross_it(epoch_len, warmup,
+                                                                        windows):
+    plan = gc_mod.plan_windows(epoch_len, warmup, windows)
+    positions = [p for w in plan for p in w]
+    assert positions == list(range(warmup, epoch_len))
+    assert len(plan) <= windows and all(len(w) for w in plan)
+    sizes = [len(w) for w in plan]
+    assert len(set(sizes[:-1])) <= 1 and sizes[-1:] <= sizes[:1]  # equal, the last no longer
+
+
+class _At:
+    """An event that completed at a given time (ms)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+def test_idle_share_windows_and_the_epoch_start_from_event_times():
+    """An epoch of 4 steps of 100 ms with 25 ms idle before each (1 warm-up step, then windows
+    of 2 and 1 steps), then 400 ms idle at the next epoch's start."""
+    Step = gc_mod.Step
+    steps, t = [], 0.0
+    for pos in range(4):
+        t += 25
+        steps.append(Step(0, pos, 8, 0.01, 0, 0, _At(t), _At(t + 100)))
+        t += 100
+    steps.append(Step(1, 0, 8, 0.4, 0, 0, _At(t + 400), _At(t + 500)))
+    r = gc_mod.summarize(steps, gc_mod.plan_windows(4, 1, 2), epoch_len=4)
+    assert r["steady_steps"] == 3 and len(r["window_rates"]) == 2
+    assert r["idle"] == pytest.approx(25 / 125)
+    assert r["rate"] == pytest.approx(8 / 0.125)
+    assert r["epoch_start_ms"] == pytest.approx(400)
+    assert r["epoch_start_share"] == pytest.approx(400 / (4 * 125))
+
+
+def test_budget_gives_each_section_its_share_of_what_is_left():
+    budget = gc_mod.Budget(100, [("a", 0.5), ("b", 0.25), ("c", 0.25)])
+    now = time.perf_counter()
+    assert budget.deadline("a") - now == pytest.approx(50, abs=1)
+    assert budget.deadline("b") - now == pytest.approx(50, abs=1)  # half of the 100 s left
+    assert budget.deadline("c", need=500) is None  # skipped: not enough time left
+
+
+def test_cause_is_one_line_without_the_cpp_backtrace():
+    exc = RuntimeError("Error while decoding JPEG images: Failed to decode batch: 5\n"
+                       "Exception raised from decode_images at x.cpp:1 (most recent call first):\n"
+                       "frame #0: c10::Error::Error(...) | 0x1")
+    assert gc_mod.cause(exc) == ("RuntimeError: Error while decoding JPEG images: Failed to "
+                                 "decode batch: 5")
