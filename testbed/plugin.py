@@ -74,6 +74,15 @@ def s3_server(tmp_path_factory) -> S3Server:
             _shared_s3["server"] = None
 
 
+def _starter(cls, started: list):
+    """A factory that makes ``cls(*args, **kwargs)``, starts it and keeps it in ``started``."""
+    def start(*args, **kwargs):
+        server = cls(*args, **kwargs).start()
+        started.append(server)
+        return server
+    return start
+
+
 def _stop_all(started: list) -> None:
     errors = []
     for server in reversed(started):
@@ -110,13 +119,7 @@ def delay_proxy():
     """Factory: ``delay_proxy(target_port, delay_s, target_host="127.0.0.1", connect_delay_s=0.0)
     -> DelayProxy``, started; stopped after the test."""
     started: list[DelayProxy] = []
-
-    def start(target_port: int, delay_s: float, **kwargs) -> DelayProxy:
-        proxy = DelayProxy(target_port, delay_s, **kwargs).start()
-        started.append(proxy)
-        return proxy
-
-    yield start
+    yield _starter(DelayProxy, started)
     _stop_all(started)
 
 
@@ -125,13 +128,7 @@ def splice_proxy():
     """Factory: ``splice_proxy(target_port, delay_s, target_host="127.0.0.1") -> SpliceProxy``,
     started; stopped after the test."""
     started: list[SpliceProxy] = []
-
-    def start(target_port: int, delay_s: float, **kwargs) -> SpliceProxy:
-        proxy = SpliceProxy(target_port, delay_s, **kwargs).start()
-        started.append(proxy)
-        return proxy
-
-    yield start
+    yield _starter(SpliceProxy, started)
     _stop_all(started)
 
 
@@ -140,11 +137,5 @@ def fault_server():
     """Factory: ``fault_server(root_dir, **mode) -> FaultServer`` (mode: FaultMode's fields),
     started; stopped after the test."""
     started: list[FaultServer] = []
-
-    def start(root_dir: Path, **mode) -> FaultServer:
-        server = FaultServer(root_dir, **mode).start()
-        started.append(server)
-        return server
-
-    yield start
+    yield _starter(FaultServer, started)
     _stop_all(started)
