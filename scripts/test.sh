@@ -11,4 +11,7 @@ bash scripts/setup.sh --with-nginx
 .venv/bin/python -m ruff check shardpack tests scripts examples benchmarks testbed
 bash benchmarks/suites/setup_peers.sh --keep
 export SHARDPACK_REQUIRE_PEERS=1
+# The region JPEG decoder must be built here (setup.sh installs gcc and the libjpeg headers):
+# without it its tests would skip and CI would not notice (tests/unit/test_jpegcrop.py).
+export SHARDPACK_REQUIRE_JPEGCROP=1
 exec .venv/bin/python -m pytest "$@"

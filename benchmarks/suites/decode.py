@@ -37,6 +37,9 @@ def ceiling(path) -> dict:
     ready, go, out = ctx.Barrier(WORKERS + 1), ctx.Event(), ctx.Queue()
 
     def work(worker):
+        import torch
+
+        torch.set_num_threads(1)  # as DataLoader's workers do: no intra-op pool beside them
         mine = batches[worker::WORKERS]
         ready.wait()
         go.wait()
@@ -93,12 +96,11 @@ def loader(path) -> dict:
        limit is the decode function alone in a tight loop in 2 processes over batches gathered
        beforehand, writing into reused output slots as the loader does. Each measurement in a
        fresh process, the two alternated.""",
-       bounds="""The decode itself: the loader runs at its ceiling within the noise. 1,000
-       images/s on 2 cores is out of reach for full decodes of ~500x375 JPEGs (random-resized
-       crops of at most 375 px never reach the 2x-target size that DCT scaling needs): ~1.4 ms
-       an image in one process, ~2x that with both processes busy. Decoding only the crop
-       (libjpeg's `jpeg_crop_scanline`) would save much of it; neither simplejpeg nor Pillow
-       exposes it.""")
+       bounds="""The decode itself: the loader runs at its ceiling within the noise. On ~500x375
+       JPEGs random-resized crops of at most 375 px never reach the 2x-target size that DCT
+       scaling needs, so each is decoded at full scale, only its region (the region decoder,
+       docs/device.md), then resized: about 1.3 ms an image in one process, most of it Huffman
+       decoding, which must run over every row down to the crop's last.""")
 def run_decode(run) -> Outcome:
     """The decode suite: ceiling and loader, alternated."""
     if run.args.dataset:

@@ -164,14 +164,15 @@ def sweep_figures(sweep) -> list:
        runs after os.sync() and posix_fadvise(DONTNEED) of every file read, warm after reading
        them once. Inputs are converted once with each peer's own writer (64 MB shards or chunks,
        no compression); raw files and DALI read the ImageFolder tree. shardpack decodes with
-       `CpuDecode` (simplejpeg at a reduced DCT scale), FFCV and DALI with their own, the others
+       `CpuDecode` (libjpeg-turbo at a reduced DCT scale, only the crop's region: docs/device.md),
+       FFCV and DALI with their own, the others
        with one shared Pillow function. Also the wait fraction of `shardpack bench --decode cpu`
        against a simulated training step.""",
        bounds="""Bytes only: per-sample Python work in the peers' loaders (shardpack moves batches
        whole); DALI's C++ reader and FFCV's numba pipeline after its JIT compilation (~2 s before
-       the first batch) are faster still. Decoded: the CPU decode on 2 cores, for everyone; part
-       of shardpack's lead is its decoder (simplejpeg + torch resize against Pillow draft +
-       resize), not its format.""")
+       the first batch) are faster still. Decoded: the CPU decode on 2 cores, for everyone, and
+       in it Huffman decoding, which no loader can skip; shardpack's lead is its decoder (the
+       crop's region only, resized by torch straight into the batch) more than its format.""")
 def run_peers(run) -> Outcome:
     """The peers suite."""
     a = run.args

@@ -5,10 +5,12 @@ Runs inside DataLoader workers.  For each image:
 1. read the header only, choose the crop box in original pixels and the flip
    (:func:`shardpack.transforms.spec.plan_crop`, the rule the GPU path shares: random-resized-crop
    for training, resize + center-crop for evaluation);
-2. decode JPEGs with libjpeg-turbo (simplejpeg) at the smallest DCT scale (1/2, 1/4, 1/8) that
-   still leaves the crop at least as large as the target: a crop twice the target size or more is
-   never decoded at full resolution;
-3. crop, then resize only the crop (torch's antialiased bilinear kernel), flip by slicing.
+2. decode JPEGs with libjpeg-turbo at the smallest DCT scale (1/2, 1/4, 1/8) that still leaves
+   the crop at least as large as the target (a crop twice the target size or more is never
+   decoded at full resolution), and only the crop's rows and columns where the region decoder is
+   built (:mod:`shardpack.images.jpegcrop`; else the whole image, simplejpeg: the same pixels);
+3. flip the crop by slicing, resize it (torch's antialiased bilinear kernel) straight into the
+   batch's slot.
 
 Other formats decode with Pillow.  Randomness is a pure function of (seed, epoch, sample index), so
 a resumed epoch gets the same crops.  What the crops are is a
@@ -40,11 +42,12 @@ CropOptions = TransformSpec  # the crop options' older name: the spec holds them
 
 
 def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
-                 max_pixels: int | None = None) -> np.ndarray:
+                 max_pixels: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """One image -> uint8 ``[size, size, 3]``, the fast way.  JPEGs (found by their magic bytes,
-    whatever the field name) decode with simplejpeg at a reduced DCT scale; CMYK/YCCK JPEGs, JPEGs
-    simplejpeg refuses and every other format decode whole with :func:`images.decode_rgb` (same RGB
-    rules as :func:`reference_decode`).  The crop box and flip are planned once
+    whatever the field name) decode at a reduced DCT scale, only the crop's region where the
+    region decoder is built, else whole with simplejpeg; CMYK/YCCK JPEGs, JPEGs both refuse and
+    every other format decode whole with :func:`images.decode_rgb` (same RGB rules as
+    :func:`reference_decode`).  The crop box and flip are planned once
     (:func:`~shardpack.transforms.spec.plan_crop`), from the header's size when there is one, so
     a fallback decode crops exactly as the fast path would have.  An image whose header is over
     the decode budget ``max_pixels`` (:func:`images.decode_budget`) is a DecodeError before any
@@ -55,6 +58,8 @@ def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
         opts: the transform spec (its crop part).
         rnd: the sample's draws (:meth:`TransformSpec.random`); None: no randomness.
         max_pixels: the decode budget (None: the environment's or the default).
+        out: a C-contiguous uint8 ``[size, size, 3]`` array to write the image into (a slot of
+            the batch: the resize writes there directly); the result is then ``out``.
     """
     from shardpack.images.content import decode_rgb
 
@@ -66,18 +71,20 @@ def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
         if plan is None or pixels.shape[:2] != size:
             plan = plan_crop(pixels.shape[0], pixels.shape[1], opts, rnd)
         crop = pixels[plan.top:plan.top + plan.height, plan.left:plan.left + plan.width]
-    out = _resize(crop, opts.size)
-    return out[:, ::-1] if plan.flip else out
+    return _resize(crop, opts.size, out, flip=plan.flip)
 
 
 def _jpeg_crop(data, opts: TransformSpec, rnd: SampleRandom | None, max_pixels: int | None
                ) -> tuple[Crop | None, tuple | None, np.ndarray | None]:
-    """A JPEG's crop plan and size from its header, and its crop decoded by simplejpeg at the
-    smallest DCT scale that keeps the crop at least ``size``: (None, None, None) for a header
-    simplejpeg cannot read, the crop None where it does not decode (CMYK, YCCK, refused)."""
+    """A JPEG's crop plan and size from its header, and its crop decoded at the smallest DCT
+    scale that keeps the crop at least ``size``: only the crop's region where the extension is
+    built (:func:`shardpack.images.jpegcrop.decode_box`), else the whole image with simplejpeg
+    (the same pixels).  (None, None, None) for a header simplejpeg cannot read; the crop None
+    where it does not decode (CMYK, YCCK, refused)."""
     import simplejpeg
 
     from shardpack.images.content import check_size
+    from shardpack.images.jpegcrop import decode_box
 
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
@@ -90,34 +97,59 @@ def _jpeg_crop(data, opts: TransformSpec, rnd: SampleRandom | None, max_pixels: 
     factor = 1
     while factor < 8 and min(plan.height, plan.width) >= 2 * factor * opts.size:
         factor *= 2
+    scaled = (-(-height // factor), -(-width // factor))  # libjpeg's size at scale 1/factor
+    y0, y1, x0, x1 = _scaled_box(plan, (height, width), scaled)
+    crop = decode_box(data, 8 // factor, y0, y1, x0, x1)
+    if crop is not None:
+        return plan, (height, width), crop
     try:
         pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
-                                        min_height=-(-height // factor),
-                                        min_width=-(-width // factor))
+                                        min_height=scaled[0], min_width=scaled[1])
     except ValueError:
         return plan, (height, width), None  # e.g. a recoverable libjpeg warning: Pillow may
-    sy, sx = pixels.shape[0] / height, pixels.shape[1] / width  # still decode it
-    y0, x0 = int(round(plan.top * sy)), int(round(plan.left * sx))
-    y1 = max(y0 + 1, min(pixels.shape[0], int(round((plan.top + plan.height) * sy))))
-    x1 = max(x0 + 1, min(pixels.shape[1], int(round((plan.left + plan.width) * sx))))
+    y0, y1, x0, x1 = _scaled_box(plan, (height, width), pixels.shape[:2])  # still decode it
     return plan, (height, width), pixels[y0:y1, x0:x1]
 
 
-def _resize(pixels: np.ndarray, size: int) -> np.ndarray:
-    """Antialiased bilinear resize of uint8 HWC with torch's channels-last uint8 kernel, several
-    times faster than Pillow's resize here (docs/device.md)."""
+def _scaled_box(plan: Crop, size: tuple, scaled: tuple) -> tuple[int, int, int, int]:
+    """The crop box ``(y0, y1, x0, x1)`` in the pixels of the image decoded at a DCT scale:
+    ``size`` is the image's (height, width), ``scaled`` the decoded one's; at least 1 px."""
+    sy, sx = scaled[0] / size[0], scaled[1] / size[1]
+    y0, x0 = int(round(plan.top * sy)), int(round(plan.left * sx))
+    y1 = max(y0 + 1, min(scaled[0], int(round((plan.top + plan.height) * sy))))
+    x1 = max(x0 + 1, min(scaled[1], int(round((plan.left + plan.width) * sx))))
+    return y0, y1, x0, x1
+
+
+def _resize(pixels: np.ndarray, size: int, out: np.ndarray | None = None,
+            flip: bool = False) -> np.ndarray:
+    """Antialiased bilinear resize of uint8 HWC into ``out`` (uint8 ``[size, size, 3]``, C
+    contiguous; None: a new array), with torch's uint8 kernel: several times faster than Pillow's
+    resize here (docs/device.md).  The kernel works in channels-last memory; given an HWC
+    destination it writes there directly, where ``interpolate`` would return channels-first
+    memory that then costs as much again to copy into the batch.  ``flip``: mirrored left-right,
+    before the resize (the kernel is symmetric: the same pixels as flipping after it), by torch,
+    whose copy of a crop is several times faster than NumPy's reversed-stride one."""
     from shardpack.loader.torchenv import torch
 
-    if pixels.flags.c_contiguous and not pixels.flags.writeable:
-        # Pillow's pixels (PNG, WebP, ...) are a read-only view of a bytes object that NumPy
-        # will not mark writable, and torch.from_numpy warns on read-only arrays.  Only a crop
-        # that spans whole rows gets here: any other crop is copied below anyway, so this copy
-        # costs no more than that one (and far less than the decode that made the pixels).
-        pixels = pixels.copy()
-    x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
-    y = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True,
-                                        align_corners=False)
-    return y[0].permute(1, 2, 0).numpy()
+    if not pixels.flags.writeable or min(pixels.strides) < 0:
+        # torch.from_numpy warns on read-only arrays (Pillow's pixels are a read-only view of a
+        # bytes object) and takes no negative strides; a crop of any other array, strided or
+        # not, goes to the kernel as it is.  The copy is of the crop, far less than its decode.
+        pixels = np.array(pixels, order="C")
+    x = torch.from_numpy(pixels)
+    if flip:
+        x = x.flip(1)
+    x = x.permute(2, 0, 1)[None]
+    if out is None:
+        out = np.empty((size, size, 3), np.uint8)
+    target = torch.from_numpy(out).permute(2, 0, 1)[None]
+    try:
+        torch.ops.aten._upsample_bilinear2d_aa.out(x, [size, size], False, None, None, out=target)
+    except (AttributeError, RuntimeError):  # a torch without the op's out= form
+        target.copy_(torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear",
+                                                     antialias=True, align_corners=False))
+    return out
 
 
 def reference_decode(data: bytes, opts: TransformSpec, rnd: SampleRandom | None = None
@@ -248,16 +280,24 @@ class CpuDecode(EpochStage):
             over it is refused from its header, before decoding, like any broken image.
         spec: the whole transform spec instead of ``size``, ``train``, ``seed`` and ``flip``
             (its crop part is read here; DeviceLoader reads the rest).
+        threads: decode each batch with this many threads of the process that runs the stage
+            (0: in its own thread).  With ``DataLoader(num_workers=0)`` that is a loader of
+            threads: no worker processes, less memory, a faster first batch (docs/device.md,
+            "Threads or processes").
     """
 
     def __init__(self, size: int | None = None, *, train: bool | None = None,
                  field: str | None = None, seed: int | None = None, flip: bool | None = None,
                  on_error: str = "raise", head_start: bool = True, max_pixels: int | None = None,
-                 spec: TransformSpec | None = None):
+                 spec: TransformSpec | None = None, threads: int = 0):
         from shardpack.images.content import decode_budget
+        from shardpack.images.jpegcrop import notice_once
 
+        if not isinstance(threads, int) or threads < 0:
+            raise ValueError(f"threads must be an int >= 0, got {threads!r}")
         if max_pixels is not None:
             decode_budget(max_pixels)  # a bad value is refused here, not in every worker
+        notice_once()  # here, in the main process: not once per worker
         self.spec = spec_of(spec, size=size, train=train, seed=seed, flip=flip)
         self.field = field
         self.on_error = on_error
@@ -266,7 +306,9 @@ class CpuDecode(EpochStage):
         self.head_start = head_start
         self._head = HeadStart(HEAD_START_WAIT) if head_start else None
         self._first = False    # the next batch is this process's first iteration's first
-        self._pool = None      # worker 0's decode threads, made in the worker when first needed
+        self.threads = threads
+        self._pool = None      # decode threads, made in the process that decodes, when needed
+        self._pool_size = 0
 
     @property
     def opts(self) -> TransformSpec:
@@ -284,24 +326,41 @@ class CpuDecode(EpochStage):
         self._first = self._head is not None and self._head.begin(epoch) == 1  # the start-up
 
     def __getstate__(self):
-        return dict(self.__dict__, _pool=None)
+        return dict(self.__dict__, _pool=None, _pool_size=0)
 
-    def _threads(self, batch: dict) -> int:
-        """Threads for worker 0's head-start batch (all its CPUs), else 0: decode in this thread.
-        Another worker's first batch first waits for worker 0's."""
+    def _threads(self) -> tuple[int, bool]:
+        """Threads to decode this batch with (0 or 1: this thread), and whether it is worker 0's
+        head-start batch (all its CPUs).  Another worker's first batch first waits for worker
+        0's."""
         if not self._first:
-            return 0
+            return self.threads, False
         self._first = False
         from shardpack.loader.torchenv import get_worker_info
 
         info = get_worker_info()
         if info is None:
-            return 0
+            return self.threads, False
         if info.id != 0:
             self._head.wait()
-            return 0
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                   else os.cpu_count() or 1)
+            return self.threads, False
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        return max(1, self.threads, cpus or os.cpu_count() or 1), True
+
+    def _decode_all(self, run, count: int, threads: int) -> None:
+        """``run(part)`` over ``range(count)``: split among ``threads`` pool threads (simplejpeg,
+        the region decoder, Pillow and torch's resize release the GIL), or in this thread."""
+        if min(threads, count) <= 1:
+            run(range(count))
+            return
+        if self._pool is None or self._pool_size < threads:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shardpack-decode")
+            self._pool_size = threads
+        for future in [self._pool.submit(run, range(t, count, threads)) for t in range(threads)]:
+            future.result()
 
     def __call__(self, batch: dict) -> dict:
         from shardpack.loader.batches import Batch
@@ -322,7 +381,7 @@ class CpuDecode(EpochStage):
             for i in part:
                 rnd = self.spec.random(self.epoch, ids[i])
                 try:
-                    images[i] = decode_image(image_of(i), self.spec, rnd, self.max_pixels)
+                    decode_image(image_of(i), self.spec, rnd, self.max_pixels, out=images[i])
                 except DecodeError as exc:
                     if self.on_error != "skip":
                         failed.append((i, exc.message))
@@ -330,19 +389,12 @@ class CpuDecode(EpochStage):
                     images[i] = 0
                     bad[i] = True
 
-        threads = self._threads(batch)  # 0: not worker 0's head start
-        if min(threads, count) > 1:  # simplejpeg and torch's resize release the GIL
-            from concurrent.futures import ThreadPoolExecutor
-
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shardpack-decode")
-            for future in [self._pool.submit(run, range(t, count, threads))
-                           for t in range(threads)]:
-                future.result()
-        else:
-            run(range(count))
-        if threads:  # worker 0's head start is over (failed or not): the others may go
-            self._head.done()
+        threads, head_start = self._threads()
+        try:
+            self._decode_all(run, count, threads)
+        finally:
+            if head_start:  # worker 0's head start is over (failed or not): the others may go
+                self._head.done()
         if failed:  # the lowest bad sample, whatever the number of threads
             i, message = min(failed)
             raise DecodeError(message, key=batch["__key__"][i])

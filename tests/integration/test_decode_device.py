@@ -227,11 +227,32 @@ class _Spy(CpuDecode):
     """Records, per batch, the threads of worker 0's head start (0: none) and whether worker 0's
     first batch was already done when this batch's decode began."""
 
-    def _threads(self, batch):
-        threads = super()._threads(batch)
+    def _threads(self):
+        threads, head_start = super()._threads()
         done = self._head is not None and self._head._page.value == self._head.token
-        batch["spy"] = torch.tensor([threads, int(done)])
-        return threads
+        self._seen = [threads if head_start else 0, int(done)]
+        return threads, head_start
+
+    def __call__(self, batch):
+        batch = super().__call__(batch)
+        batch["spy"] = torch.tensor(self._seen)
+        return batch
+
+
+def test_a_loader_of_threads_gives_the_images_of_worker_processes(image_ds):
+    def run(threads, workers):
+        ds = ShardDataset(image_ds, batch_size=8, batched=True, seed=1,
+                          decode=CpuDecode(48, on_error="skip", threads=threads))
+        return list(DataLoader(ds, batch_size=None, num_workers=workers))
+
+    threads, processes = run(3, 0), run(0, 2)
+    assert len(threads) == len(processes) > 2
+    key = lambda b: b["__index__"].tolist()  # noqa: E731 - the two loaders interleave alike
+    for a, b in zip(sorted(threads, key=key), sorted(processes, key=key), strict=True):
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["__bad__"], b["__bad__"])
+    assert sum(int(b["__bad__"].sum()) for b in threads) == 1  # the broken image, counted
+    with pytest.raises(ValueError, match="threads must be an int"):
+        CpuDecode(48, threads=-1)
 
 
 def test_head_start_worker_0_decodes_the_first_batch_on_every_cpu(image_ds):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITES = {"pack", "read", "decode", "remote", "convert", "peers", "mix", "scale", "checkpoint",
-          "faults"}
+          "faults", "trees"}
 
 
 def _run(*args) -> subprocess.CompletedProcess:

@@ -145,6 +145,31 @@ def test_device_loader_applies_the_specs_normalisation_dtype_and_layout(small_ds
     assert nchw.shape == (4, 3, 24, 24) and nchw.is_contiguous(memory_format=torch.channels_last)
 
 
+def test_cpu_normalisation_in_float32_matches_the_formula_in_both_layouts(small_ds):
+    """float32 on the CPU is normalised image by image in one fused op: the same values (to
+    float32 rounding) as the plain formula, in the layout and memory format the spec asks."""
+    for layout in ("NCHW", "NHWC"):
+        spec = TransformSpec(24, seed=3, mean=(0.5, 0.25, 0.1), std=(0.5, 0.25, 0.9),
+                             layout=layout)
+        raw = spec.replace(mean=None, std=None, dtype="uint8", layout="NHWC")
+
+        def images(spec):
+            ds = ShardDataset(small_ds, batch_size=4, batched=True, shuffle=False,
+                              decode=CpuDecode(spec=spec))
+            return [b["image"] for b in DeviceLoader(DataLoader(ds, batch_size=None),
+                                                     device="cpu", spec=spec)]
+
+        mean = torch.tensor([127.5, 63.75, 25.5])
+        std = torch.tensor([127.5, 63.75, 229.5])
+        for p, c in zip(images(raw), images(spec), strict=True):
+            want = (p.to(torch.float32) - mean) / std
+            if layout == "NCHW":
+                want = want.permute(0, 3, 1, 2)
+                assert c.is_contiguous(memory_format=torch.channels_last)
+            assert c.dtype == torch.float32 and c.shape == want.shape
+            assert torch.allclose(c, want, atol=1e-5)
+
+
 # -- old spellings and epoch-aware stages ---------------------------------------------------------
 
 def test_old_keyword_spellings_warn_and_still_work(small_ds):
