@@ -18,7 +18,12 @@ apt_install() {  # apt_install WHAT-GOES-WITHOUT PACKAGE...
     echo "setup.sh: no apt-get to install $*: $without" >&2
     return 0
   fi
-  [ -n "${APT_UPDATED:-}" ] || $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  if [ -z "${APT_UPDATED:-}" ]; then
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq || {
+      echo "setup.sh: apt-get update failed: $without" >&2
+      return 0
+    }
+  fi
   APT_UPDATED=1
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
     >/dev/null || echo "setup.sh: installing $* failed: $without" >&2

@@ -20,6 +20,7 @@ HOSTILE = Path(__file__).resolve().parent.parent / "tests" / "robustness" / "hos
 
 def seeds() -> list[bytes]:
     """The seed JPEGs: a small noisy photo in every layout, and the hostile corpus's JPEGs."""
+    import simplejpeg
     from PIL import Image
 
     def encode(image, **kwargs) -> bytes:
@@ -34,6 +35,9 @@ def seeds() -> list[bytes]:
         {"progressive": True, "subsampling": 0}, {"restart_marker_rows": 1})]
     found += [encode(base, quality=30), encode(base.convert("L"), quality=85),
               encode(base.convert("L"), progressive=True), encode(base.convert("CMYK"))]
+    # 4:4:0 and 4:1:1: the unusual subsamplings partial decompression is least tested with
+    found += [simplejpeg.encode_jpeg(np.asarray(base), quality=90, colorsubsampling=mode)
+              for mode in ("440", "411")]
     return found + [p.read_bytes() for p in sorted(HOSTILE.glob("*.jpg"))]
 
 

@@ -47,7 +47,8 @@ def notice_once() -> None:
     if extension() is None and os.environ.get(ENV, "1") != "0":
         warnings.warn("shardpack: region JPEG decode is not built here, so JPEGs decode whole at "
                       "a reduced DCT scale (same pixels, 10-30% slower); to build it: apt-get "
-                      "install gcc libjpeg62-turbo-dev, then reinstall shardpack "
+                      "install gcc libjpeg62-turbo-dev (and pythonX.Y-dev for Debian's Python), "
+                      "then reinstall shardpack "
                       f"(set {ENV}=0 to silence this)", RuntimeWarning, stacklevel=3)
 
 

@@ -85,7 +85,6 @@ static PyObject *decode(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *volatile out = NULL;
     volatile int status = OK;
     volatile JDIMENSION rows = 0, cols = 0, skew = 0;
-    volatile int created = 0;
     PyThreadState *volatile save = PyEval_SaveThread();
 
     cinfo.err = jpeg_std_error(&err.pub);
@@ -96,7 +95,6 @@ static PyObject *decode(PyObject *self, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     jpeg_create_decompress(&cinfo);
-    created = 1;
     progress.progress_monitor = on_progress;
     cinfo.progress = &progress;
     if (max_memory > 0)
@@ -119,7 +117,8 @@ static PyObject *decode(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     jpeg_start_decompress(&cinfo);
     {
-        /* a column of margin each side: some upsamplers read the neighbouring column */
+        /* A column of margin each side: fancy upsampling reads the neighbouring column.  Plain
+         * upsampling (set above) does not, but the box must not depend on that setting. */
         JDIMENSION xoff = x0 > 0 ? (JDIMENSION)x0 - 1 : 0;
         JDIMENSION width = (x1 < cinfo.output_width ? (JDIMENSION)x1 + 1 : (JDIMENSION)x1) - xoff;
         if (xoff > 0 || width < cinfo.output_width)
@@ -155,8 +154,8 @@ static PyObject *decode(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
     }
 done:
-    if (created)
-        jpeg_destroy_decompress(&cinfo);  /* the rows below the box are never decoded */
+    /* cinfo was zeroed: safe even where jpeg_create_decompress failed part-way */
+    jpeg_destroy_decompress(&cinfo);  /* the rows below the box are never decoded */
     PyEval_RestoreThread(save);
     PyBuffer_Release(&buf);
     if (status != OK) {

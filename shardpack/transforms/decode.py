@@ -144,11 +144,12 @@ def _resize(pixels: np.ndarray, size: int, out: np.ndarray | None = None,
     if out is None:
         out = np.empty((size, size, 3), np.uint8)
     target = torch.from_numpy(out).permute(2, 0, 1)[None]
-    try:
-        torch.ops.aten._upsample_bilinear2d_aa.out(x, [size, size], False, None, None, out=target)
-    except (AttributeError, RuntimeError):  # a torch without the op's out= form
+    resize_into = getattr(getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None), "out", None)
+    if resize_into is None:  # a torch without the op's out= form
         target.copy_(torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear",
                                                      antialias=True, align_corners=False))
+    else:
+        resize_into(x, [size, size], False, None, None, out=target)
     return out
 
 
@@ -309,6 +310,7 @@ class CpuDecode(EpochStage):
         self.threads = threads
         self._pool = None      # decode threads, made in the process that decodes, when needed
         self._pool_size = 0
+        self._pool_pid = 0
 
     @property
     def opts(self) -> TransformSpec:
@@ -352,13 +354,16 @@ class CpuDecode(EpochStage):
         if min(threads, count) <= 1:
             run(range(count))
             return
-        if self._pool is None or self._pool_size < threads:
+        if self._pool is None or self._pool_size < threads or self._pool_pid != os.getpid():
             from concurrent.futures import ThreadPoolExecutor
 
-            if self._pool is not None:
+            if self._pool is not None and self._pool_pid == os.getpid():
                 self._pool.shutdown(wait=False)
+            # A pool inherited through fork (a DataLoader worker forked after the training
+            # process decoded with threads) has no threads left but thinks it has idle ones:
+            # submit() would start none and the batch would wait forever.  Never reuse one.
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="shardpack-decode")
-            self._pool_size = threads
+            self._pool_size, self._pool_pid = threads, os.getpid()
         for future in [self._pool.submit(run, range(t, count, threads)) for t in range(threads)]:
             future.result()
 

@@ -271,7 +271,7 @@ class DeviceLoader:
             image = image.to(self.device, non_blocking=True)
         nchw = self.spec.layout == "NCHW"
         if (image.device.type == "cpu" and self._mean is not None and image.dim() == 4
-                and self.dtype == torch.float32):
+                and image.shape[-1] == 3 and self.dtype == torch.float32):
             out = _normalise_on_cpu(image, self._mean, self._std)
             return out.permute(0, 3, 1, 2) if nchw else out  # NCHW: channels-last memory
         if nchw:

@@ -255,6 +255,16 @@ def test_a_loader_of_threads_gives_the_images_of_worker_processes(image_ds):
         CpuDecode(48, threads=-1)
 
 
+def test_a_thread_pool_made_before_a_fork_is_not_reused_by_the_workers(image_ds):
+    """A pool inherited through fork has no threads but counts idle ones: a worker using it
+    would wait forever for its first batch."""
+    ds = ShardDataset(image_ds, batch_size=8, batched=True, seed=1,
+                      decode=CpuDecode(48, on_error="skip", threads=2))
+    here = list(DataLoader(ds, batch_size=None, num_workers=0))  # the pool made in this process
+    there = list(DataLoader(ds, batch_size=None, num_workers=1, timeout=60))
+    assert len(here) == len(there) > 2
+
+
 def test_head_start_worker_0_decodes_the_first_batch_on_every_cpu(image_ds):
     import os
 

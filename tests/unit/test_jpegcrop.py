@@ -94,9 +94,20 @@ def test_decode_image_is_identical_with_and_without_the_extension(monkeypatch):
         return [decode_image(p, spec, SampleRandom(0, e, i)) for e in range(3)
                 for i, p in enumerate(photos)]
 
+    answered = []
+    real = jpegcrop.decode_box
+
+    def counted(*args):
+        box = real(*args)
+        answered.append(box is not None)
+        return box
+
+    monkeypatch.setattr(jpegcrop, "decode_box", counted)
     region = decoded()
+    assert answered and all(answered)  # every crop came from the region decoder
     monkeypatch.setenv(jpegcrop.ENV, "0")
     whole = decoded()
+    assert not any(answered[len(region):])  # and none of these did
     monkeypatch.delenv(jpegcrop.ENV)
     jpegcrop.extension.cache_clear()
     assert all(np.array_equal(a, b) for a, b in zip(region, whole, strict=True))
@@ -121,3 +132,13 @@ def test_without_the_extension_the_loader_decodes_after_one_notice(monkeypatch):
     finally:
         jpegcrop.extension.cache_clear()
         jpegcrop.notice_once.cache_clear()
+
+
+def test_the_flip_before_the_resize_gives_the_flip_after_it():
+    from shardpack.transforms.decode import _resize
+
+    rng = np.random.default_rng(5)
+    for height, width in [(40, 44), (375, 500), (333, 301), (17, 3), (1, 9)]:
+        crop = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        for size in (224, 24):
+            assert np.array_equal(_resize(crop, size, flip=True), _resize(crop, size)[:, ::-1])
