@@ -13,6 +13,9 @@ from shardpack.core.errors import ShardpackError
 @click.option("--files", "files", type=click.Path(exists=True, file_okay=False), default=None,
               help="Run the same pipeline over an unpacked file tree instead (ImageFolder or any "
                    "files), to compare with the packed DATASET.")
+@click.option("--skip-bad", "on_error", flag_value="skip", default="raise",
+              help="With --files: skip and count the tree's bad entries (broken links, special "
+                   "files) as `pack --skip-bad` does, instead of stopping at the first.")
 @click.option("--weights", default=None, metavar="W1,W2,...",
               help="Several DATASETs are read as one mixture (docs/mixing.md): their relative "
                    "shares [default: each dataset once].")
@@ -36,8 +39,8 @@ from shardpack.core.errors import ShardpackError
                                    "first batch marked (needs matplotlib: pip install "
                                    "'shardpack[plot]').")
 @quiet_option
-def bench(datasets, files, weights, epoch_size, decode, workers, batch_size, size, step_ms,
-          batches, device, plot, quiet):
+def bench(datasets, files, on_error, weights, epoch_size, decode, workers, batch_size, size,
+          step_ms, batches, device, plot, quiet):
     """Measure the real loading pipeline on DATASET: samples/s, MB/s, time to first batch, and
     with --step-ms how long a training step would wait for data.  Several DATASETs: a mixture
     (--weights, --epoch-size)."""
@@ -70,7 +73,7 @@ def bench(datasets, files, weights, epoch_size, decode, workers, batch_size, siz
                              hint="use --decode cpu")
     opts = BenchOptions(decode=decode, workers=workers, batch_size=batch_size, size=size,
                         step_ms=step_ms, batches=batches, device=device, weights=shares,
-                        epoch_size=epoch_size)
+                        epoch_size=epoch_size, on_error=on_error)
     result = run(dataset, opts, files=files, progress=show_progress(quiet))
     for line in result.lines():
         click.echo(line)

@@ -35,6 +35,28 @@ def parse_storage_options(pairs) -> dict:
     return options
 
 
+def flag_spelling(command: click.Command | None):
+    """``spell(name, value)`` for :meth:`ShardpackError.render`: an option an error names, as
+    ``command`` spells it (``on_error="skip"`` -> ``--skip-bad``, ``group="image"`` ->
+    ``--group image``), from the command's own click options.  An option the command lacks is
+    spelled as the command line would name it elsewhere (``--name value``).
+
+    Args:
+        command: the click command that ran, or None.
+    """
+    params = {p.name: p for p in (command.params if command is not None else ())
+              if isinstance(p, click.Option)}
+
+    def spell(name: str, value) -> str:
+        param = params.get(name)
+        flag = param.opts[0] if param is not None else "--" + name.replace("_", "-")
+        if value is True or (param is not None and param.is_flag
+                             and param.flag_value == value):
+            return flag
+        return f"{flag} {value}"
+    return spell
+
+
 def show_progress(quiet: bool) -> bool:
     """Whether a command shows its progress bar: not with ``-q``, and only on a terminal.
 

@@ -36,15 +36,15 @@ def info(dataset, as_json, stats, sample, plot, storage_options):
         require_plot()  # before any work
     found = dataset_info(dataset, storage_options=parse_storage_options(storage_options),
                          stats=stats or plot is not None, sample=sample)
-    if plot is not None:
-        found.stats.plot(plot)
     if as_json:  # the manifest as written, newer keys included
         click.echo(json.dumps(found.to_json(), indent=1, sort_keys=True, ensure_ascii=False))
-        return
-    for line in found.lines():
-        click.echo(line)
-    if plot is not None:
-        click.echo(f"plot      {plot}")
+    else:
+        for line in found.lines():
+            click.echo(line)
+    if plot is not None:  # after the figures: a plot it cannot draw does not hide them
+        found.stats.plot(plot)
+        if not as_json:
+            click.echo(f"plot      {plot}")
 
 
 @click.command(name="ls")

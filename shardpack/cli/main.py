@@ -13,6 +13,7 @@ import sys
 import click
 
 from shardpack.cli import bench, cache, files, inspect, pack
+from shardpack.cli.common import flag_spelling
 from shardpack.core.errors import ShardpackError
 from shardpack.core.version import __version__
 
@@ -30,7 +31,9 @@ class ShardpackGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ShardpackError as exc:
-            click.echo(f"shardpack: error: {exc}", err=True)
+            name = ctx.invoked_subcommand
+            command = self.get_command(ctx, name) if name else None
+            click.echo(f"shardpack: error: {exc.render(flag_spelling(command))}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo(f"shardpack: interrupted{self._resume_hint(ctx)}", err=True)

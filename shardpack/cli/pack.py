@@ -57,14 +57,10 @@ def pack(src, out, quiet, storage_options, **options):
               help="Accept pickle-encoded columns (MDS `pkl`, LitData `pickle`) and carry their "
                    "bytes unchanged. Refused by default: unpickling them later runs code from "
                    "the file.")
-@click.option("--label-column", default=None, metavar="NAME",
-              help="Parquet only: the column NAME becomes the class label field `cls` "
-                   "(integers as they are; strings as their index among the sorted distinct "
-                   "values, which become the manifest's classes).")
 @click_options(PackOptions, "convert")
 @quiet_option
 @storage_option
-def convert(src, out, from_, allow_pickle, label_column, quiet, storage_options, **options):
+def convert(src, out, from_, allow_pickle, quiet, storage_options, **options):
     """Convert a WebDataset, MDS, LitData, Parquet/Hugging Face, ImageFolder or CSV/JSONL
     dataset at SRC into a shardpack dataset at OUT.
 
@@ -81,7 +77,7 @@ def convert(src, out, from_, allow_pickle, label_column, quiet, storage_options,
     from shardpack.interop.convert import convert as run_convert
 
     summary = run_convert(src, out, from_=from_, allow_pickle=allow_pickle,
-                          label_column=label_column, **options, progress=show_progress(quiet),
+                          **options, progress=show_progress(quiet),
                           storage_options=parse_storage_options(storage_options))
     echo_summary(summary)
 

@@ -8,6 +8,50 @@ wrong and, where there is one, what to do.
 
 from __future__ import annotations
 
+import json
+import re
+
+# marks an option named in an error's text (:func:`option_hint`): the Python API shows it as a
+# keyword, the command line as its flag, so neither reader is told a spelling it cannot use
+_MARK = "\x1f"
+_MARKED = re.compile(_MARK + r"(\w+)=([^" + _MARK + r"]*)" + _MARK)
+
+
+def option_hint(name: str, value=True) -> str:
+    """An option named in an error's message or hint: shown as the Python keyword
+    (``on_error="skip"``) by ``str(error)``, as the command's flag (``--skip-bad``) by the
+    command line (:meth:`ShardpackError.render`).
+
+    Args:
+        name: the keyword (a field of an options dataclass, or a function's keyword).
+        value: the value to pass (True: a yes/no option turned on).
+    """
+    return f"{_MARK}{name}={json.dumps(value)}{_MARK}"
+
+
+# the options errors name most, ready to put in a message
+SKIP_BAD = option_hint("on_error", "skip")
+RESUME = option_hint("resume")
+OVERWRITE = option_hint("overwrite")
+
+
+def python_spelling(name: str, value) -> str:
+    """``name=value`` as a Python call spells it: ``on_error="skip"``, ``resume=True``."""
+    shown = json.dumps(value) if isinstance(value, str) else repr(value)
+    return f"{name}={shown}"
+
+
+def render_options(text: str, spell=python_spelling) -> str:
+    """``text`` with each :func:`option_hint` marker spelled by ``spell(name, value)``.
+
+    Args:
+        text: a message or hint.
+        spell: turns (keyword, value) into the reader's spelling.
+    """
+    if _MARK not in text:
+        return text
+    return _MARKED.sub(lambda m: spell(m.group(1), json.loads(m.group(2))), text)
+
 
 class ShardpackError(Exception):
     """Base class of every shardpack error."""
@@ -28,6 +72,15 @@ class ShardpackError(Exception):
         return (_rebuild, (type(self), self.message, self.path, self.offset, self.key, self.hint))
 
     def __str__(self) -> str:  # one line, always
+        return self.render()
+
+    def render(self, spell=python_spelling) -> str:
+        """The one-line text, with the options it names spelled by ``spell(name, value)``
+        (default: as Python keywords; the command line passes its flags).
+
+        Args:
+            spell: turns (keyword, value) into the reader's spelling of an option.
+        """
         parts = []
         if self.path is not None:
             parts.append(str(self.path))
@@ -39,7 +92,7 @@ class ShardpackError(Exception):
         text = f"{where}{self.message}"
         if self.hint:
             text += f" ({self.hint})"
-        return " ".join(text.split("\n"))
+        return " ".join(render_options(text, spell).split("\n"))
 
 
 def _rebuild(cls, message, path, offset, key, hint):
@@ -121,4 +174,10 @@ __all__ = [
     "SourceError",
     "UnsafePathError",
     "VersionError",
+    "OVERWRITE",
+    "RESUME",
+    "SKIP_BAD",
+    "option_hint",
+    "python_spelling",
+    "render_options",
 ]

@@ -229,7 +229,7 @@ def _check_layout(manifest: dict, path: str | None) -> None:
     if manifest.get("group") is not None and layout not in ("imagefolder", "files"):
         raise FormatError(f"{where} has no file grouping: 'group' must be null, found "
                           f"{manifest['group']!r}"[:300], path=path)
-    if layout in ("files", "listing") and classes is not None:
+    if layout == "files" and classes is not None:  # a listing's label column has classes
         raise FormatError(f"{where} has no class folders: 'classes' must be null, found a list "
                           f"of {len(classes)}"[:300], path=path)
     if layout != "imagefolder":

@@ -41,6 +41,8 @@ class BenchOptions:
         epochs: epochs to run.
         weights: several datasets: a mixture's shares.
         epoch_size: several datasets: a mixture's samples an epoch.
+        on_error: ``--files``: ``"skip"`` skips and counts the tree's bad entries (broken
+            links, special files), as ``pack --skip-bad`` does; ``"raise"`` stops at the first.
     """
 
     decode: str = "none"      # none | cpu | gpu
@@ -53,6 +55,7 @@ class BenchOptions:
     epochs: int = 1
     weights: tuple | None = None    # several datasets: a mixture's shares
     epoch_size: int | None = None
+    on_error: str = "raise"
 
 
 @dataclass
@@ -146,6 +149,7 @@ class BenchResult:
     wait_fraction: float | None
     bad: int = 0
     timeline: Timeline = dataclass_field(default_factory=Timeline)
+    skipped: dict = dataclass_field(default_factory=dict)  # --files: bad entries by reason
 
     def lines(self) -> list[str]:
         """The report, one line per figure."""
@@ -157,6 +161,9 @@ class BenchResult:
                f"first batch   {self.first_batch_s:.3f} s"]
         if self.bad:
             out.append(f"undecodable  {self.bad} images (zero images in their place)")
+        if self.skipped:
+            out.append("skipped       " + ", ".join(f"{n:,} {reason}" for reason, n
+                                                     in sorted(self.skipped.items())))
         if self.wait_fraction is not None:
             out.append(f"waiting       {100 * self.wait_fraction:.1f}% of wall time")
             waits = self.timeline.wait_line()
@@ -168,8 +175,10 @@ class BenchResult:
 class FilesDataset:
     """Map-style dataset over an unpacked tree (ImageFolder or any files), same sample dicts."""
 
-    def __init__(self, root):
-        self.samples = list(PackSource(root))
+    def __init__(self, root, skip_bad: bool = False):
+        source = PackSource(root, skip_bad=skip_bad)
+        self.samples = list(source)
+        self.skipped = dict(source.report.skipped)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -209,7 +218,8 @@ def make_loader(dataset: str | list | None, files: str | None, opts: BenchOption
     decode = CpuDecode(opts.size, on_error="skip") if opts.decode == "cpu" else None
     kwargs = dict(num_workers=opts.workers, persistent_workers=opts.workers > 0)
     if files is not None:
-        return DataLoader(FilesDataset(files), batch_size=opts.batch_size, shuffle=True,
+        return DataLoader(FilesDataset(files, opts.on_error == "skip"),
+                          batch_size=opts.batch_size, shuffle=True,
                           collate_fn=_CollateDecode(decode), **kwargs)
     ds = ShardDataset(dataset, batch_size=opts.batch_size, batched=True, decode=decode,
                       **({"weights": opts.weights, "epoch_size": opts.epoch_size}
@@ -272,7 +282,8 @@ def run(dataset: str | None, opts: BenchOptions, files: str | None = None,
     seconds = device_loader.stats["wall_s"]
     return BenchResult(files or (" + ".join(dataset) if isinstance(dataset, list) else dataset),
                        samples, batches, seconds, first or 0.0, nbytes,
-                       device_loader.wait_fraction if step else None, bad, timeline)
+                       device_loader.wait_fraction if step else None, bad, timeline,
+                       getattr(loader.dataset, "skipped", {}))
 
 
 def _busy(seconds: float) -> None:

@@ -39,6 +39,7 @@ CONTAINER_FORMATS = {  # --from name -> (module, class) under shardpack.interop.
 PACK_FORMATS = ("imagefolder", "csv", "jsonl")  # packed by the file walk (``pack``)
 FORMATS = tuple(CONTAINER_FORMATS) + PACK_FORMATS
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+LABELLED = ("parquet", "csv", "jsonl")  # sources whose label column --label-column names
 FILE_FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl"}
 
 
@@ -143,7 +144,7 @@ def _index_kind(data: bytes) -> str | None:
 
 @takes_options("convert")
 def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
-            label_column: str | None = None, options: PackOptions, executor=None,
+            options: PackOptions, executor=None,
             storage_options: dict | None = None) -> PackSummary:
     """Convert a dataset in another format into a shardpack dataset at ``out``.
 
@@ -159,8 +160,6 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
             (:func:`detect_format`).
         allow_pickle: accept pickle-encoded columns (MDS ``pkl``, LitData's pickle serializer),
             refused by default: unpickling runs code from the file.
-        label_column: Parquet sources only: a column that becomes the class label field
-            ``cls`` (docs/convert.md).
         options: the pack options (given as keywords, or as ``options=``).
         executor: any ``concurrent.futures.Executor``; overrides ``engine``.
         storage_options: fsspec options for both ``src`` and ``out``.
@@ -173,9 +172,10 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
     name = detect_format(src, storage_options) if from_ in (None, "auto") else from_
     if name not in FORMATS:
         raise SourceError(f"unknown --from format {name!r}: expected one of {FORMATS}")
-    if label_column is not None and name != "parquet":
-        raise SourceError(f"--label-column is only for Parquet sources (this source is {name})",
-                          path=src)
+    label_column = options.label_column
+    if label_column is not None and name not in LABELLED:
+        raise SourceError(f"--label-column is only for Parquet, CSV and JSONL sources (this "
+                          f"source is {name})", path=src)
     if name in PACK_FORMATS:
         if name == "imagefolder":
             if not os.path.isdir(src):

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 
 from shardpack import format as fmt
-from shardpack.core.errors import FileSystemError, PackError, ShardpackError
+from shardpack.core.errors import RESUME, FileSystemError, PackError, ShardpackError
 from shardpack.core.sizes import parse_size
 from shardpack.read.reader import open_reader
 from shardpack.storage import Storage, is_temp_name
@@ -100,7 +100,7 @@ def export(dataset, out, *, to: str, storage_options: dict | None = None,
         summary = _export(reader, dataset, out, to, storage_options, limit, overwrite, progress,
                           summary)
     except PackError as exc:
-        if exc.message.startswith("out of disk space") and "--resume" in (exc.hint or ""):
+        if exc.message.startswith("out of disk space") and RESUME in (exc.hint or ""):
             # Storage.open_atomic's hint is pack's: export has no --resume, it is run again
             raise FileSystemError(f"{exc.message}; nothing was published", path=exc.path,
                                   hint="free some space, then run the export again",

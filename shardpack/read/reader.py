@@ -15,7 +15,8 @@ import numpy as np
 
 from shardpack import format as fmt
 from shardpack.core.deprecation import renamed
-from shardpack.core.errors import DatasetNotFoundError, FormatError, IntegrityError, ShardpackError
+from shardpack.core.errors import (RESUME, DatasetNotFoundError, FormatError, IntegrityError,
+                                   ShardpackError)
 from shardpack.read.access import MAX_OPEN_SHARDS, Burst, make_access
 from shardpack.read.checks import SampleChecks
 from shardpack.read.mapping import ShardMaps
@@ -78,7 +79,7 @@ def no_dataset(storage: Storage) -> DatasetNotFoundError:
             unfinished = False
         if unfinished:
             hint = ("a pack into this folder has not finished (or is still running): to finish "
-                    "it, run the same pack or convert command again with --resume")
+                    f"it, run the same pack or convert command again with {RESUME}")
     return DatasetNotFoundError(f"no shardpack dataset here ({why})", path=storage.url,
                                 hint=hint)
 

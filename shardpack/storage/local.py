@@ -14,7 +14,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from shardpack import format as fmt
-from shardpack.core.errors import DatasetNotFoundError, PackError
+from shardpack.core.errors import DatasetNotFoundError, PackError, RESUME
 from shardpack.storage.base import TEMP_MARK, Storage, within
 from shardpack.storage.regular import file_kind, read_regular, read_span
 
@@ -293,7 +293,7 @@ class LocalStorage(Storage):
                 pass
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                 raise PackError("out of disk space while writing", path=self.display(name),
-                                hint="free some space, then rerun with --resume") from None
+                                hint=f"free some space, then rerun with {RESUME}") from None
             raise
 
     def _copy_direct(self, source: Storage, name: str, dest: str, size: int) -> str | None:

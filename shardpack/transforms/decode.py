@@ -190,7 +190,9 @@ def _image_fields(batch: dict, field: str | None) -> tuple[list, list]:
         raise DecodeError(f"{what} in the batch (fields: {have}); name one with field=...")
     if len(names) == 1:
         items = batch.pop(names[0])
-        return [(names[0], items)], [0] * len(items)
+        # an empty item is a sample without that field (or with an empty file): no image
+        present = np.diff(items.offsets.numpy()) > 0
+        return [(names[0], items)], np.where(present, 0, -1).tolist()
     sizes = np.stack([np.diff(batch[name].offsets.numpy()) for name in names])  # [F, n]
     choice = []
     for i in range(sizes.shape[1]):
@@ -220,15 +222,24 @@ def image_items(batch: dict, field: str | None):
     """Pop a batch's image bytes (:func:`_image_fields`); returns ``image_of(i)``, sample i's
     image as a bytes-like.  A sample without an image raises :class:`DecodeError`."""
     parts, choice = _image_fields(batch, field)
+    names = [name for name, _ in parts] or [field or "image"]
     parts = [(items.data.numpy(), items.offsets.numpy()) for _, items in parts]
 
     def image_of(i: int):
         if choice[i] < 0:
-            raise DecodeError("sample has no image field")
+            raise DecodeError(f"sample has no image (no {' or '.join(names)} field, or an "
+                              f"empty one; its fields: {_fields_of(batch, i)})")
         raw, offsets = parts[choice[i]]
         return raw[offsets[i]:offsets[i + 1]]
 
     return image_of
+
+
+def _fields_of(batch: dict, i: int) -> str:
+    """The fields sample ``i`` of a batch holds (non-empty), for messages."""
+    held = [name for name, items in batch.items() if not name.startswith("__")
+            and (not hasattr(items, "offsets") or items.offsets[i + 1] > items.offsets[i])]
+    return ", ".join(held) or "none"
 
 
 def image_batch(batch: dict, field: str | None):

@@ -28,7 +28,7 @@ import numpy as np
 import xxhash
 
 from shardpack import format as fmt
-from shardpack.core.errors import IntegrityError, PackError, ShardpackError
+from shardpack.core.errors import IntegrityError, OVERWRITE, PackError, ShardpackError
 from shardpack.write.outdir import OutLock, clear_out, out_names
 from shardpack.core.sizes import plural
 from shardpack.read.reader import DatasetReader
@@ -387,7 +387,7 @@ def _check_out(storage: Storage, overwrite: bool) -> list[str]:
                              hint="choose an empty folder")
     if (ours or foreign) and not overwrite:
         raise ShardpackError("output folder is not empty", path=storage.url,
-                             hint="pass --overwrite to replace the dataset there, or choose an "
+                             hint=f"pass {OVERWRITE} to replace the dataset there, or choose an "
                                   "empty folder")
     return ours
 

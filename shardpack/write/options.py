@@ -90,6 +90,11 @@ class PackOptions:
         False, "Keep a class folder that holds no sample as a class (its label is taken, as "
         "torchvision's ImageFolder(allow_empty=True)). Without it such a folder is an error "
         "naming it.", commands=PACK)
+    label_column: str | None = option(
+        None, "CSV/JSONL listings and Parquet sources: the column NAME becomes the class label "
+        "field `cls` (integers as they are; names as their index among the sorted distinct "
+        "names, which become the manifest's classes, as ImageFolder's folders do).",
+        metavar="NAME", commands=("pack", "convert"), recorded=True)
     part: tuple[int, int] | None = option(
         None, "Pack only part I of N (counted from 0): the samples whose key hashes to I. Run "
         "the N parts anywhere (one job per node), then `shardpack merge`.", parse=check_part,
@@ -163,6 +168,8 @@ class PackOptions:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.metadata.get("recorded")}
         out["skip_bad"] = out.pop("on_error") == "skip"
+        if out["label_column"] is None:  # as before the option existed: older states resume
+            del out["label_column"]
         return out
 
 

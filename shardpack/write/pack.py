@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 
 from shardpack import format as fmt
 from shardpack.core.deprecation import renamed
-from shardpack.core.errors import PackError, ShardpackError, SourceError
+from shardpack.core.errors import PackError, RESUME, SKIP_BAD, ShardpackError, SourceError
 from shardpack.core.options import check_keywords, from_keywords
 from shardpack.core.sizes import plural
 from shardpack.core.version import __version__
@@ -41,8 +41,9 @@ __all__ = ["PackSummary", "RunsOnEngine", "engine_of", "pack", "pack_files", "pa
 
 @renamed(**OLD_KEYWORDS)
 def pack(src, out, *, layout: str = "auto", group: str = "auto", follow_links: bool = False,
-         allow_empty_classes: bool = False, part: tuple[int, int] | str | None = None,
-         shard_format: str = "tar", shard_size: int | str = "256MB",
+         allow_empty_classes: bool = False, label_column: str | None = None,
+         part: tuple[int, int] | str | None = None, shard_format: str = "tar",
+         shard_size: int | str = "256MB",
          max_samples: int | None = None, compression: str = "none", zstd_level: int = 3,
          workers: int | None = None, engine: str = "local", address: str | None = None,
          resize: int | None = None, quality: int = 90, check: str = "quick",
@@ -63,6 +64,8 @@ def pack(src, out, *, layout: str = "auto", group: str = "auto", follow_links: b
         follow_links: pack what links leading outside ``src`` point to (refused by default).
         allow_empty_classes: keep a class folder without samples as a class (an error by
             default, as torchvision's ImageFolder).
+        label_column: a .csv/.jsonl listing's column that becomes the class label ``cls``
+            (integers kept, names -> index by sorted name; docs/packing.md, "Listings").
         part: ``(i, n)`` or ``"i/n"``: only the samples of part ``i`` of ``n``
             (:func:`~shardpack.write.plan.part_of`), for ``shardpack merge`` later.
         shard_format: ``tar`` or ``msgpack``.
@@ -110,7 +113,8 @@ def pack_files(src, out, options: PackOptions, *, executor: Executor | None = No
                         skip_bad=options.skip_bad, exclude=_inside(out, src, storage_options),
                         follow_links=options.follow_links,
                         allow_empty_classes=options.allow_empty_classes,
-                        storage_options=storage_options)
+                        label_column=options.label_column,
+                        need_images=options.check != "none", storage_options=storage_options)
     # --follow-links decides which files are packed: part of the source, as --resume sees it
     # (absent when off, as in states of releases before it)
     origin = {"source": source.src, **({"follow_links": True} if options.follow_links else {})}
@@ -250,7 +254,7 @@ def _write_shards(source, storage: Storage, options: PackOptions, runner: Engine
                 f"{plural(sum(r.entry.samples for r in results.values()), 'sample')}")
     if not results and not isinstance(source, PartOf):  # (a part may be empty)
         raise ShardpackError("no samples found in the source", path=source.src,
-                             hint="check SRC, or the skip counts of --skip-bad")
+                             hint=f"check SRC, or the skip counts of {SKIP_BAD}")
     _take_walk_skips(source, skips, walk)
     return results
 
@@ -367,9 +371,9 @@ def _result(task: ShardTask, future: Future, files: _FileProgress | None = None
     except Exception as exc:  # a worker died (BrokenProcessPool) or an unexpected error
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             raise PackError("out of disk space",
-                            hint="free some space, then rerun with --resume") from None
+                            hint=f"free some space, then rerun with {RESUME}") from None
         raise PackError(f"writing shard {task.number} failed: {type(exc).__name__}: {exc}",
-                        hint="rerun with --resume to keep the shards already written") from exc
+                        hint=f"rerun with {RESUME} to keep the shards already written") from exc
 
 
 def _finish(storage: Storage, source, results: dict, options: PackOptions,

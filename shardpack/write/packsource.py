@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from shardpack.core.errors import PackError, ShardpackError, SourceError
+from shardpack.core.errors import PackError, ShardpackError, SourceError, option_hint
+from shardpack.images.content import is_image_field
 from shardpack.storage import Storage
 from shardpack.write.fields import whole_files
-from shardpack.write.listing import LISTING_SUFFIXES, read_listing
-from shardpack.write.samples import GROUPS, LAYOUTS, SourceReport, SourceSample, value_field
+from shardpack.write.listing import LISTING_SUFFIXES, Listing
+from shardpack.write.samples import (GROUPS, LAYOUTS, NO_IMAGE_HINT, SourceReport, SourceSample,
+                                     value_field)
 from shardpack.write.walk import FolderWalk
 
 # pieces of a walk on an engine listed at once, at most: each comes back to the driver whole
@@ -41,6 +43,10 @@ class PackSource(FolderWalk):
             not refused.
         allow_empty_classes: a class folder without samples stays a class (torchvision's
             ``ImageFolder(allow_empty=True)``) instead of stopping the walk.
+        label_column: a listing's column that becomes the class label ``cls``
+            (shardpack/write/listing.py); listings only.
+        need_images: in a dataset of images, a sample without one is a bad entry
+            (``no-image``); ``pack --check none`` packs such samples as they are.
         storage_options: fsspec options for a remote SRC.
     """
 
@@ -51,6 +57,7 @@ class PackSource(FolderWalk):
     def __init__(self, src: str | os.PathLike, *, layout: str = "auto", group: str = "auto",
                  skip_bad: bool = False, exclude: str | None = None,
                  follow_links: bool = False, allow_empty_classes: bool = False,
+                 label_column: str | None = None, need_images: bool = True,
                  storage_options: dict | None = None):
         self.storage = Storage(src, storage_options)
         # a local path is absolute (file:// URLs too); a URL loses its trailing slash, or every
@@ -60,6 +67,7 @@ class PackSource(FolderWalk):
         self.skip_bad = skip_bad
         self.follow_links = follow_links
         self.allow_empty_classes = allow_empty_classes
+        self.need_images = need_images
         self.report = SourceReport()
         self._exclude = exclude
         self._field_ok: dict[str, str | None] = {}  # field name -> why it is refused (cache)
@@ -78,6 +86,12 @@ class PackSource(FolderWalk):
                 raise SourceError("a listing file, and the files it lists, must be local",
                                   path=self.src, hint="list a folder URL instead")
             self.report.layout = "listing"
+            self._listing = Listing(self.src, label_column, need_images)
+            self.report.classes = self._listing.classes
+            self.report.notes += self._listing.notes
+        elif label_column is not None:
+            raise SourceError("--label-column is for .csv/.jsonl listings; a folder's classes "
+                              "are its top-level folders", path=self.src)
         elif kind != "dir":
             raise SourceError("source is neither a folder nor a listing file", path=self.src)
         else:
@@ -105,8 +119,28 @@ class PackSource(FolderWalk):
     def __iter__(self) -> Iterator[SourceSample]:
         """The samples, in walk order (the same whatever the engine)."""
         if self.report.layout == "listing":
-            yield from read_listing(self.src, self._bad)
+            yield from self._listing.samples(self._bad)
             return
+        if self.need_images and self.report.group == "webdataset" and self._holds_images():
+            yield from self._with_images(self._walked())
+            return
+        yield from self._walked()  # group "image": every sample is an image and its sidecars
+
+    def _with_images(self, samples: Iterator[SourceSample]) -> Iterator[SourceSample]:
+        """The samples of a tree of images, each checked to hold one: a sample without (a
+        stray 00000.parquet or _stats.json beside img2dataset's folders) would fail the first
+        training batch that meets it, so it is a bad entry here (``no-image``)."""
+        for sample in samples:
+            if any(is_image_field(f.name) for f in sample.fields):
+                yield sample
+                continue
+            first = next((f.path for f in sample.fields if f.path), sample.key)
+            self._bad(first, f"sample {sample.key!r} has no image (fields: "
+                             f"{', '.join(f.name for f in sample.fields)}) in a tree of images",
+                      "no-image", NO_IMAGE_HINT)
+
+    def _walked(self) -> Iterator[SourceSample]:
+        """The samples of the walk, locally or on the engine."""
         units = self.units()
         classes = _ClassCheck(self)
         if self._runner is None:
@@ -232,9 +266,9 @@ class _ClassCheck:
                        else "")
             raise SourceError(f"class folder {name!r} holds no samples{skipped}",
                               path=f"{self.source.src}/{name}",
-                              hint="remove it, or pass --allow-empty-classes to keep it as a "
-                                   "class without samples, as torchvision's ImageFolder("
-                                   "allow_empty=True) does")
+                              hint=f"remove it, or pass {option_hint('allow_empty_classes')} "
+                                   "to keep it as a class without samples, as torchvision's "
+                                   "ImageFolder(allow_empty=True) does")
         self.cls, self.count = cls, 0
 
 

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 
 import xxhash
 
-from shardpack.core.errors import ShardpackError, SourceError
+from shardpack.core.errors import ShardpackError, SourceError, option_hint
 from shardpack.format import codec_for
 from shardpack.images.content import is_image_field
 from shardpack.write.options import CHECKS, DEFAULT_MAX_SAMPLES, PackOptions, check_part
@@ -126,9 +126,9 @@ class FieldCensus:
     @staticmethod
     def _fail(what: str) -> None:
         raise SourceError(f"{what}: file names with dots are being folded into one sample",
-                          hint="pass --group image for one sample per image file (key = name "
-                               "without the last extension), or rename the files to "
-                               "<key>.<field>")
+                          hint=f"pass {option_hint('group', 'image')} for one sample per "
+                               "image file (key = name without the last extension), or "
+                               "rename the files to <key>.<field>")
 
 
 def part_of(key: str, count: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from shardpack import format as fmt
-from shardpack.core.errors import ShardpackError
+from shardpack.core.errors import OVERWRITE, RESUME, ShardpackError
 from shardpack.core.sizes import plural
 from shardpack.storage import Storage, is_temp_name
 from shardpack.write.options import PackOptions, option_flag
@@ -88,9 +88,9 @@ def _refuse_taken(storage: Storage, names: list[str], foreign: list[str], *, res
         raise ShardpackError("output folder is not empty" + (
             ": an interrupted pack left its shards there" if unfinished else ""),
             path=storage.url,
-            hint="rerun the same command with --resume to finish it, or pass --overwrite to "
+            hint=f"rerun the same command with {RESUME} to finish it, or pass {OVERWRITE} to "
                  "start afresh" if unfinished else
-                 "choose an empty folder, or pass --overwrite to replace the dataset there")
+                 f"choose an empty folder, or pass {OVERWRITE} to replace the dataset there")
     if foreign and (resume or overwrite):
         raise ShardpackError(f"output folder holds files shardpack did not write "
                              f"({foreign[0]!r}...); refusing to touch them", path=storage.url,
@@ -101,14 +101,14 @@ def _check_resume(storage: Storage, names: list[str], ours: list[str], state: di
     """A --resume continues an unfinished pack of the same source with the same options."""
     if fmt.MANIFEST_NAME in names:
         raise ShardpackError("output already holds a finished dataset; nothing to resume",
-                             path=storage.url, hint="use --overwrite to pack it again")
+                             path=storage.url, hint=f"use {OVERWRITE} to pack it again")
     if not ours:
         return
     try:
         previous = json.loads(storage.read_bytes(STATE_NAME))
     except (FileNotFoundError, ValueError):
         raise ShardpackError("output has shards but no pack state to resume from",
-                             path=storage.url, hint="use --overwrite") from None
+                             path=storage.url, hint=f"use {OVERWRITE}") from None
     # every origin key (source, from, allow_pickle, label_column, ...), not options
     origin_keys = sorted((set(previous) | set(state)) - {"shardpack", "options", "failed"})
     for what in origin_keys:
@@ -117,7 +117,7 @@ def _check_resume(storage: Storage, names: list[str], ours: list[str], state: di
             raise ShardpackError(f"--resume with a different {name} than the interrupted run: "
                                  f"was {previous.get(what)!r}, now {state.get(what)!r}",
                                  path=storage.url,
-                                 hint="rerun with the same source, or use --overwrite")
+                                 hint=f"rerun with the same source, or use {OVERWRITE}")
     # a key an older release did not record had its default then
     was = {**PackOptions().as_dict(), **(previous.get("options") or {})}
     now = state["options"]
@@ -127,7 +127,7 @@ def _check_resume(storage: Storage, names: list[str], ours: list[str], state: di
                          for k in differ)
         raise ShardpackError(f"--resume with different options than the interrupted pack: "
                              f"{said}", path=storage.url,
-                             hint="rerun with the same options, or use --overwrite")
+                             hint=f"rerun with the same options, or use {OVERWRITE}")
 
 
 def mark_failed(storage: Storage, state: dict, exc: BaseException) -> bool:

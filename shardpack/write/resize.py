@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 
-from shardpack.core.errors import BrokenImageError, DecodeError
+from shardpack.core.errors import BrokenImageError, DecodeError, SKIP_BAD
 from shardpack.images.content import check_image, check_size, image_format, sniff
 
 REENCODED = ("JPEG", "PNG", "WEBP")  # formats resized; the others pass through once checked
@@ -43,7 +43,7 @@ def resize_image(data: bytes, field: str, short_side: int, quality: int, path: s
     if reason:
         raise BrokenImageError(f"cannot resize: not a valid {named or 'image'}"
                           f"{' image' if named else ''} ({reason})", path=path,
-                          hint="remove it, or pass --skip-bad to skip and count it")
+                          hint=f"remove it, or pass {SKIP_BAD} to skip and count it")
     fmt = sniff(data)  # the content's format, which may differ from the field name's
     if fmt not in REENCODED:
         return data
@@ -68,7 +68,7 @@ def resize_image(data: bytes, field: str, short_side: int, quality: int, path: s
             return out.getvalue()
     except DecodeError as exc:
         raise BrokenImageError(f"cannot resize: {exc.message}", path=path,
-                               hint="remove it, or pass --skip-bad to skip and count it") from None
+                               hint=f"remove it, or pass {SKIP_BAD} to skip and count it") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise BrokenImageError(f"cannot resize: not a valid {fmt} image ({exc})", path=path,
-                          hint="remove it, or pass --skip-bad to skip and count it") from None
+                          hint=f"remove it, or pass {SKIP_BAD} to skip and count it") from None

@@ -13,11 +13,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from shardpack.core.errors import SourceError
+from shardpack.core.errors import SKIP_BAD, SourceError, option_hint
 from shardpack.format import unsafe_name_reason
 from shardpack.write.fields import FieldReader, InlineValue, LocalFiles
 
 LAYOUTS = ("auto", "imagefolder", "files")  # pack --layout
+# a sample without an image in a dataset of images (walk and listings)
+NO_IMAGE_HINT = (f"remove it, pass {SKIP_BAD} to skip and count such samples, or "
+                 f"{option_hint('check', 'none')} to pack them as they are")
 GROUPS = ("auto", "image", "webdataset")    # pack --group
 
 
@@ -119,6 +122,12 @@ class SourceReport:
         the bad entry: the one rule of ``pack``'s walk and of every converter's source."""
         if not skip_bad:
             raise SourceError(reason, path=where, hint=hint)
+        self.leave_out(where, reason, kind)
+
+    def leave_out(self, where: str, reason: str, kind: str) -> None:
+        """Count (by ``kind``) and name an entry that is no sample, in the summary and the skip
+        report: a bad entry skipped, or one the source's rules leave out whatever the options
+        (a file at the top of a class-folder tree)."""
         self.skipped[kind] += 1
         self.skips.append((kind, str(where), reason))
         if len(self.first_skips) < 20:

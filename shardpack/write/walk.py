@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from shardpack.core.errors import SourceError
+from shardpack.core.errors import SKIP_BAD, SourceError, option_hint
 from shardpack.format import MANIFEST_NAME, STATE_NAME, check_field_name
 from shardpack.images.content import IMAGE_EXTENSIONS
 from shardpack.storage import within
@@ -25,7 +25,7 @@ from shardpack.write.samples import SourceField, SourceSample
 # a folder holding one of these is a shardpack dataset (or one a pack is writing or failed to
 # finish): never walked.  The manifest first: on object stores only it is looked for at the top
 DATASET_MARKERS = (MANIFEST_NAME, STATE_NAME)
-BAD_HINT = "fix or remove it, or pass --skip-bad to skip and count such entries"
+BAD_HINT = f"fix or remove it, or pass {SKIP_BAD} to skip and count such entries"
 
 
 class FolderWalk:
@@ -37,38 +37,57 @@ class FolderWalk:
     PEEK_FOLDERS = 8  # folders holding files that _holds_images looks at, at most
     PEEK_LISTINGS = 256  # folder listings it reads at most (empty folders, links)
 
-    def _bad(self, path: str, reason: str, kind: str) -> None:
-        self.report.bad(self.skip_bad, path, reason, kind, BAD_HINT)
+    def _bad(self, path: str, reason: str, kind: str, hint: str = BAD_HINT) -> None:
+        self.report.bad(self.skip_bad, path, reason, kind, hint)
 
     def _detect(self, layout: str) -> str:
         """The layout, and for an ImageFolder its classes: the top-level folders, sorted by
         name, as torchvision's ``ImageFolder`` finds them (links to folders included), less
-        hidden folders, a shardpack dataset and OUT (docs/packing.md, "Classes")."""
+        hidden folders, a shardpack dataset and OUT (docs/packing.md, "Classes").  Files at the
+        top of a class-folder tree (README.md, LICENSE, labels.txt) are no samples: left out,
+        counted and named (``top-level-file``), as both torchvision and Hugging Face ignore
+        them; a top level holding images is a flat dataset."""
         if self.storage.exists(MANIFEST_NAME):
             raise SourceError(f"source folder is a shardpack dataset (it holds {MANIFEST_NAME})",
                               path=self.src, hint="point SRC at the files to pack; `shardpack "
                                                   "unpack` turns a dataset back into files")
-        entries = []
+        folders, files, hidden = [], [], 0
         for name, path, is_dir, is_link in self.storage.entries(self.src):
-            if name.startswith(".") and is_dir:
-                self.report.hidden_folders.append(name)
-            if name.startswith(".") or self._excluded(path):
+            if name.startswith("."):
+                hidden += 1
+                if is_dir:
+                    self.report.hidden_folders.append(name)
                 continue
-            if is_dir and (not self._top_link_ok(path, is_link) or self._is_dataset_folder(path)):
+            if self._excluded(path):
                 continue
-            entries.append((name, is_dir))
-        if not entries:
+            if not is_dir:
+                files.append((name, path))
+            elif self._top_link_ok(path, is_link) and not self._is_dataset_folder(path):
+                folders.append(name)
+        if not folders and not files:
             raise SourceError("source folder is empty", path=self.src,
                               hint="point SRC at a folder holding your files")
         if layout == "auto":
-            layout = "imagefolder" if all(d for _, d in entries) else "files"
+            flat = not folders or any(_is_image_name(name) for name, _ in files)
+            layout = "files" if flat else "imagefolder"
         if layout == "imagefolder":
-            not_dirs = [name for name, d in entries if not d]
-            if not_dirs:
-                raise SourceError(f"--layout imagefolder needs only class folders at the top, "
-                                  f"found file {not_dirs[0]!r}", path=self.src)
-            self.report.classes = [name for name, _ in entries]
+            self._top_files(folders, files)
+            self.report.hidden += hidden  # the walk lists class folders, never the top
+            self.report.classes = folders
         return layout
+
+    def _top_files(self, folders: list[str], files: list[tuple[str, str]]) -> None:
+        """The top level of a class-folder tree: its folders are the classes, its files are
+        left out (never opened), each counted and named."""
+        if not folders:
+            raise SourceError("--layout imagefolder needs class folders at the top, found only "
+                              f"files (e.g. {files[0][0]!r})", path=self.src,
+                              hint=f"pass {option_hint('layout', 'files')} to pack them as a "
+                                   "flat dataset")
+        for _, path in files:
+            self.report.leave_out(path, "a file at the top of a class-folder tree is no sample "
+                                        "(torchvision's ImageFolder ignores it too)",
+                                  "top-level-file")
 
     def _top_link_ok(self, path: str, is_link: bool) -> bool:
         """A top-level folder that is a link: one leading outside SRC is refused like any other
@@ -249,7 +268,7 @@ class FolderWalk:
             entries = self._entries(folder)
             listed += 1
             names = [n for n, _, is_dir in entries if not is_dir and not n.startswith(".")]
-            if any(n.rpartition(".")[2].lower() in IMAGE_EXTENSIONS for n in names):
+            if any(_is_image_name(n) for n in names):
                 return True
             looked += bool(names)
             if looked >= self.PEEK_FOLDERS:
@@ -285,6 +304,10 @@ def _webdataset_cut(name: str) -> tuple[str, str]:
     """(stem, field) of a file name, cut at the first dot (group "webdataset")."""
     stem, _, fname = name.partition(".")
     return stem, fname
+
+
+def _is_image_name(name: str) -> bool:
+    return name.rpartition(".")[2].lower() in IMAGE_EXTENSIONS
 
 
 def _utf8(name: str) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardpack import format as fmt
-from shardpack.core.errors import BrokenImageError, SourceError
+from shardpack.core.errors import BrokenImageError, SKIP_BAD, SourceError
 from shardpack.images.content import check_image, check_image_full, is_image_field
 from shardpack.write.plan import ShardTask
 from shardpack.write.resize import resize_image
@@ -280,7 +280,7 @@ def _prepared(sf: SourceField, opts, readers: dict) -> bytes:
         why = (check_image_full if opts.check == "full" else check_image)(data, sf.name)
         if why:
             raise BrokenImageError(why, path=sf.reader.where(sf),
-                                   hint="fix or remove it, or pass --skip-bad to skip and count "
+                                   hint=f"fix or remove it, or pass {SKIP_BAD} to skip and count "
                                         "broken images")
     if opts.resize:
         data = resize_image(data, sf.name, opts.resize, opts.quality, sf.reader.where(sf))

@@ -500,13 +500,13 @@ def test_label_column_only_for_parquet(tmp_path):
     bad = run_cli("convert", tmp_path / "folders", tmp_path / "out", "--label-column", "label",
                   ok=None)
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1
-    assert "--label-column is only for Parquet sources (this source is imagefolder)" \
-        in bad.output
+    assert "--label-column is only for Parquet, CSV and JSONL sources (this source is " \
+        "imagefolder)" in bad.output
     assert not (tmp_path / "out").exists()
     with tarfile.open(tmp_path / "w.tar", "w") as tar:
         info = tarfile.TarInfo("a.jpg")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(SourceError, match="only for Parquet sources.*webdataset"):
+    with pytest.raises(SourceError, match="only for Parquet, CSV and JSONL sources.*webdataset"):
         convert(tmp_path / "w.tar", tmp_path / "o2", workers=1, label_column="cls")
     assert "--label-column" in run_cli("convert", "--help").output

@@ -260,15 +260,16 @@ def test_class_names_must_be_distinct_and_folder_names(tmp_path, classes, needle
 
 
 def test_a_class_list_on_a_files_layout_is_refused(tmp_path):
-    """pack writes a class list for ImageFolder trees only: on a files or listing layout it
-    would describe labels nothing assigned (their cls came from .cls sidecars)."""
+    """pack writes a class list for ImageFolder trees and labelled listings only: on a files
+    layout it would describe labels nothing assigned (their cls came from .cls sidecars)."""
     out = _files_layout(tmp_path)
     for classes in (["c0", "c1"], [], ["a", "b", "c"]):
         _edit(out, lambda m, classes=classes: m.update(classes=classes))
         _reader_refuses(out, r"layout 'files' has no class folders: 'classes' must be null, "
                              f"found a list of {len(classes)}")
+    # a listing's classes are its --label-column names: allowed
     _edit(out, lambda m: m.update(layout="listing", group=None, classes=["a"]))
-    _reader_refuses(out, "layout 'listing' has no class folders")
+    shardpack.open_reader(out)
 
 
 def test_a_converted_class_list_is_not_a_folder_list(tmp_path):

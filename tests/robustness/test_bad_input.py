@@ -17,6 +17,7 @@ import shardpack
 from shardpack import format as fmt
 from shardpack.core.errors import SourceError
 
+from testbed import imagegen
 from testbed.helpers import fake_jpeg, make_tree, reseal, run_cli, run_subprocess
 
 
@@ -232,7 +233,8 @@ def test_out_of_disk_space(tmp_path, small_disk):
 
 
 def test_corrupt_image_with_resize(tmp_path):
-    src = make_tree(tmp_path / "src", {"ok.txt": b"fine", "bad.jpg": b"\xff\xd8 not a jpeg"})
+    good = imagegen.ALL_VALID["jpeg_rgb"][0]
+    src = make_tree(tmp_path / "src", {"ok.jpg": good, "bad.jpg": b"\xff\xd8 not a jpeg"})
     result = run_cli("pack", src, tmp_path / "out", "--resize", "64", "--workers", "1", ok=None)
     assert_one_line_error(result, str(src / "bad.jpg"), "JPEG")  # the quick check, first
     assert_nothing_published(tmp_path / "out")

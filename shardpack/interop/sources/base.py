@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import ClassVar, Iterator
 
-from shardpack.core.errors import SourceError
+from shardpack.core.errors import SKIP_BAD, SourceError
 from shardpack.format import check_field_name
 from shardpack.write.samples import SourceField, SourceReport, SourceSample, check_key, value_field
 from shardpack.storage import Storage
@@ -99,7 +99,7 @@ class ContainerSource:
     def bad(self, where: str, reason: str, kind: str) -> None:
         """Raise, or with ``skip_bad`` count and remember a bad entry."""
         self.report.bad(self.skip_bad, where, reason, kind,
-                        "fix the source, or pass --skip-bad to skip and count such samples")
+                        f"fix the source, or pass {SKIP_BAD} to skip and count such samples")
 
     def note(self, text: str) -> None:
         """Report source metadata that shardpack's manifest has no place for (once each)."""
