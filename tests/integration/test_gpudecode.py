@@ -498,8 +498,8 @@ def test_lists_tuples_and_nested_batches_move_to_the_device():
 
 @pytest.mark.skipif(not NO_CUDA, reason="a CUDA device exists")
 def test_cuda_asked_for_on_a_machine_without_it_is_one_line(small_ds):
-    for kwargs in (dict(device="cuda"), dict(device="cuda:0", decode="cpu"),
-                   dict(device="cuda", decode="gpu"), dict(device="cpu", decode="gpu")):
+    for kwargs in (dict(device="cuda"), dict(device="cuda:0", decode_on="cpu"),
+                   dict(device="cuda", decode_on="gpu"), dict(device="cpu", decode_on="gpu")):
         with pytest.raises(DeviceError, match="no(ne| CUDA device)") as info:
             DeviceLoader([], **kwargs)
         assert "\n" not in str(info.value)

@@ -118,7 +118,7 @@ def test_file_and_folder_clash(tmp_path, keys, needles, how):
 
 
 def test_same_key_twice(tmp_path):
-    ds = _pack(tmp_path, ["a", "b"], shard_format="msgpack")  # msgpack: unpack reads keys from the index
+    ds = _pack(tmp_path, ["a", "b"], shard_format="msgpack")  # msgpack: keys from the index
     index_path = ds / "shard-00000.idx"
     index = fmt.decode_index(index_path.read_bytes())
     index_path.write_bytes(fmt.encode_index(

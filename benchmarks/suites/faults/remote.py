@@ -153,7 +153,8 @@ def _cached_paths(reader) -> list[str]:
 def _cache_damage_fn(url, truth, check, batched, when, damage):
     def fn(work: Path):
         ds = shardpack.ShardDataset(url, shuffle=False, batch_size=4, batched=batched,
-                                    prefetch_shards=0, cache_dir=work / "cache", **check_kwargs(check))
+                                    prefetch_shards=0, cache_dir=work / "cache",
+                                    **check_kwargs(check))
         return read_epochs(two_epochs(ds, lambda: damage(*_cached_paths(ds.reader)[:2]), when),
                            truth)
     return fn
