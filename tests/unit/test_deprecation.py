@@ -61,7 +61,9 @@ def test_storage_options_by_position_still_taken(ds, tmp_path):
     assert (tmp_path / "sheet.png").stat().st_size > 0
 
 
-def test_an_old_spelling_not_asked_for_fails_the_suite(small_tree, tmp_path):
+def test_an_old_spelling_not_asked_for_fails_the_suite(small_tree, tmp_path, pytestconfig):
+    if pytestconfig.getoption("pythonwarnings"):
+        pytest.skip("-W on the command line comes before pyproject.toml's filterwarnings")
     # pyproject.toml's filterwarnings, in force in every test: without it this only warns
     with pytest.raises(DeprecationWarning, match="format= is deprecated"):
         shardpack.pack(small_tree, tmp_path / "ds", format="tar", workers=1)
