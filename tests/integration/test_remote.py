@@ -310,7 +310,7 @@ WORKER = textwrap.dedent("""
     url, cache, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     limit = int(sys.argv[5])
     ds = shardpack.ShardDataset(url, cache_dir=cache, cache_limit=limit, rank=rank,
-                                world_size=world, batch_size=4, batched=True, prefetch=1)
+                                world_size=world, batch_size=4, batched=True, prefetch_shards=1)
     ids = []
     for b in DataLoader(ds, batch_size=None, num_workers=2):
         ids += b["__index__"].tolist()

@@ -84,7 +84,7 @@ SCRIPT = textwrap.dedent('''
         else:
             ds = shardpack.ShardDataset(where, shuffle=False, batch_size=4,
                                         batched=how == "batched", check=check,
-                                        cache_dir=cache, prefetch=0)
+                                        cache_dir=cache, prefetch_shards=0)
         reader = ds.reader
         got, result = [], {"kind": "ok"}
         try:
