@@ -128,7 +128,7 @@ def epoch(spec) -> dict:
              if spec["cache_parent"] else None)
     kwargs = dict(cache_dir=cache, shuffle=True, storage_options=spec.get("storage_options"))
     if spec.get("prefetch") is not None:
-        kwargs["prefetch"] = spec["prefetch"]
+        kwargs["prefetch_shards"] = spec["prefetch"]
     try:
         t0 = time.perf_counter()
         if spec["path"] in ("batched", "nocache"):

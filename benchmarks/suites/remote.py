@@ -128,8 +128,8 @@ def run_shards(url, cache_dir, prefetch, epochs=1, shuffle=True, first_only=Fals
     """Build the dataset (timed: it reads the manifest) and run ``epochs`` epochs."""
     from shardpack import ShardDataset
     t0 = time.perf_counter()
-    ds = ShardDataset(url, batch_size=256, batched=True, cache_dir=cache_dir, prefetch=prefetch,
-                      shuffle=shuffle)
+    ds = ShardDataset(url, batch_size=256, batched=True, cache_dir=cache_dir,
+                      prefetch_shards=prefetch, shuffle=shuffle)
     open_s = time.perf_counter() - t0
     out = []
     for e in range(epochs):

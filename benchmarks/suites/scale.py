@@ -131,7 +131,7 @@ def _rank_epoch(url, world, rank, affinity) -> dict:
     try:
         ds = shardpack.ShardDataset(url, world_size=world, rank=rank, cache_dir=cache, seed=1,
                                     shard_affinity=affinity, batch_size=64, batched=True,
-                                    prefetch=0)
+                                    prefetch_shards=0)
         ds.set_epoch(1)
         seen = [int(i) for b in ds
                 for i, r in zip(b["__index__"], b["__repeat__"], strict=True) if not r]

@@ -55,7 +55,7 @@ def test_webdataset_writer_output_converts_identically(tmp_path, shard_format, c
                                                        workers):
     samples = _samples(120)
     _write_wds(tmp_path / "wds", samples)
-    summary = convert(tmp_path / "wds", tmp_path / "out", format=shard_format,
+    summary = convert(tmp_path / "wds", tmp_path / "out", shard_format=shard_format,
                       compression=compression, workers=workers, shard_size="100KB")
     assert summary.samples == 120 and summary.shards > 1
     _same(_read(tmp_path / "out"), samples)
@@ -118,7 +118,7 @@ def test_bad_sources_name_the_shard_and_member(tmp_path):
     with pytest.raises(SourceError, match=r"b\.tar: member 'k1\.jpg'.*duplicate sample key 'k1'"):
         convert(tmp_path / "dup", tmp_path / "o1", workers=1)
     assert not (tmp_path / "o1" / fmt.MANIFEST_NAME).exists()
-    summary = convert(tmp_path / "dup", tmp_path / "o2", workers=1, skip_bad=True, check="none")
+    summary = convert(tmp_path / "dup", tmp_path / "o2", workers=1, on_error="skip", check="none")
     assert summary.samples == 2 and summary.skipped == {"duplicate": 1}
 
     (tmp_path / "link").mkdir()

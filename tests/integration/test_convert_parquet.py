@@ -294,7 +294,7 @@ def test_null_key_and_path_only_image(tmp_path):
     message = convert_error(tmp_path / "t.parquet", tmp_path)
     assert "t.parquet: row 1" in message and "null" in message
     summary = convert(tmp_path / "t.parquet", tmp_path / "out2", from_="parquet", workers=1,
-                      skip_bad=True)
+                      on_error="skip")
     assert summary.samples == 2 and summary.skipped == {"bad-key": 1, "no-bytes": 1}
     assert any("row 2" in s and "only a path" in s for s in summary.first_skips)
     assert [s["__key__"] for s in samples_of(tmp_path / "out2")] == ["a", "d"]
@@ -336,7 +336,7 @@ def test_shards_do_not_split_row_groups_when_avoidable(tmp_path):
     pq.write_table(pa.table({"__key__": [f"k{i:03d}" for i in range(60)], "bin": blobs}),
                    tmp_path / "g.parquet", row_group_size=10)  # 6 groups of ~10 KB
     out = tmp_path / "out"
-    convert(tmp_path / "g.parquet", out, workers=1, shard_size="30KB", format="msgpack")
+    convert(tmp_path / "g.parquet", out, workers=1, shard_size="30KB", shard_format="msgpack")
     manifest = json.loads((out / fmt.MANIFEST_NAME).read_text())
     # without the rule: 30 KB shards of ~1.2 KB (estimated) samples cut groups at 24; with it,
     # every shard holds whole groups
@@ -475,7 +475,7 @@ def test_label_column_errors(tmp_path):
     assert "'score'" in typed and "double" in typed and "\n" not in typed
     null = convert_error(src, tmp_path / "e3", label_column="y")
     assert "\n" not in null and "t.parquet: row 1" in null and "label column 'y' is null" in null
-    summary = convert(src, tmp_path / "skip", workers=1, label_column="y", skip_bad=True)
+    summary = convert(src, tmp_path / "skip", workers=1, label_column="y", on_error="skip")
     assert summary.samples == 2 and summary.skipped == {"no-label": 1}
     assert [s["cls"] for s in samples_of(tmp_path / "skip")] == [b"0", b"1"]
     assert summary.classes == ["p", "q"]

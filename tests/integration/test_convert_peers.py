@@ -397,7 +397,7 @@ def test_bad_sample_is_named_or_skipped(peers, tmp_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(SourceError, match=r"shard\.00000\.mds: sample 1: column sizes add up"):
         convert(src, tmp_path / "out", from_="mds", workers=1)
-    summary = convert(src, tmp_path / "ok", from_="mds", workers=1, skip_bad=True)
+    summary = convert(src, tmp_path / "ok", from_="mds", workers=1, on_error="skip")
     assert summary.samples == N - 1 and summary.skipped == {"corrupt": 1}
     reader = open_reader(tmp_path / "ok")
     raws = [bytes(reader.read_sample(i)["raw"]) for i in range(N - 1)]

@@ -25,7 +25,7 @@ def packed(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"ds-{request.param}")
     files = {f"c{i % 3}/{i:03d}.bin": bytes([i % 256]) * (i + 1) for i in range(N)}
     src = make_tree(root / "src", files)
-    shardpack.pack(src, root / "out", format=request.param, max_samples=40, workers=1)
+    shardpack.pack(src, root / "out", shard_format=request.param, max_samples=40, workers=1)
     return root / "out"
 
 
@@ -295,7 +295,7 @@ def test_truncated_shard_names_it(packed, tmp_path):
 def test_bad_crc_is_caught_or_skipped(tmp_path):
     src = make_tree(tmp_path / "src", {f"{i}.bin": bytes([i]) * 50 for i in range(10)})
     out = tmp_path / "out"
-    shardpack.pack(src, out, format="msgpack", workers=1)
+    shardpack.pack(src, out, shard_format="msgpack", workers=1)
     shard = out / "shard-00000.spk"
     data = bytearray(shard.read_bytes())
     data[16 + 24 + 20] ^= 0xFF  # inside the first record's payload
@@ -375,7 +375,7 @@ def test_a_bad_label_fails_its_own_batch_only(tmp_path):
     for i in range(N):
         files[f"{i:03d}.bin"] = bytes([i]) * 5
         files[f"{i:03d}.cls"] = b"x1" if i == 90 else str(i % 7).encode()
-    shardpack.pack(make_tree(tmp_path / "src", files), tmp_path / "out", format="tar",
+    shardpack.pack(make_tree(tmp_path / "src", files), tmp_path / "out", shard_format="tar",
                    workers=1)
     ds = ShardDataset(tmp_path / "out", shuffle=False, batch_size=8, batched=True)
     got = []
@@ -407,7 +407,7 @@ def test_workers_put_inherited_objects_out_of_the_collectors_reach(packed):
 def test_batched_reads_check_each_record(tmp_path, where):
     src = make_tree(tmp_path / "src", {f"{i}.bin": bytes([i]) * 50 for i in range(10)})
     out = tmp_path / "out"
-    shardpack.pack(src, out, format="msgpack", workers=1)
+    shardpack.pack(src, out, shard_format="msgpack", workers=1)
     reader = shardpack.read.reader.DatasetReader(out)
     index = reader.index(0)
     row = index.keys().index("7")
@@ -450,7 +450,7 @@ def test_labels_that_int_accepts_are_parsed_once_per_stretch(tmp_path, monkeypat
     for i in range(N):
         files[f"{i:03d}.bin"] = bytes([i]) * 5
         files[f"{i:03d}.cls"] = b"%d\n" % (i % 7) if i % 2 else b"-%d" % (i % 5)
-    shardpack.pack(make_tree(tmp_path / "src", files), tmp_path / "out", format="tar",
+    shardpack.pack(make_tree(tmp_path / "src", files), tmp_path / "out", shard_format="tar",
                    workers=1)
     ds = ShardDataset(tmp_path / "out", shuffle=False, batch_size=8, batched=True)
     got = torch.cat([b["cls"] for b in DataLoader(ds, batch_size=None)]).tolist()

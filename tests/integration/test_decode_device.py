@@ -101,7 +101,7 @@ def test_device_loader_cpu_same_samples_in_order(image_ds):
     ds = ShardDataset(image_ds, batch_size=8, batched=True, decode=CpuDecode(32, on_error="skip"))
     plain = [b["__index__"].tolist() for b in DataLoader(ds, batch_size=None, num_workers=2)]
     dl = DeviceLoader(DataLoader(ds, batch_size=None, num_workers=2), device="cpu",
-                      decode="cpu", size=32)
+                      decode_on="cpu", size=32)
     got = []
     for batch in dl:
         got.append(batch["__index__"].tolist())
@@ -130,7 +130,7 @@ def test_wait_accounting():
     assert 0.65 < dl.wait_fraction < 0.95, dl.stats
     assert dl.gpu_idle_fraction is None  # no CUDA stream to time
     # data is instant, the consumer slow: it (almost) never waits
-    dl = DeviceLoader(DataLoader(_Slow(10, 0.0), batch_size=None), device="cpu", prefetch=4)
+    dl = DeviceLoader(DataLoader(_Slow(10, 0.0), batch_size=None), device="cpu", prefetch_batches=4)
     for _ in dl:
         time.sleep(0.03)
     assert dl.wait_fraction < 0.1, dl.stats
@@ -174,19 +174,19 @@ def test_gpu_decode_refused_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA device exists")
     with pytest.raises(shardpack.DeviceError, match="needs a CUDA device; this machine has none"):
-        DeviceLoader([], device="cpu", decode="gpu")
+        DeviceLoader([], device="cpu", decode_on="gpu")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_decode_close_to_cpu(image_ds):
     pytest.importorskip("torchvision")
     ds = ShardDataset(image_ds, batch_size=8, batched=True, shuffle=False)
-    gpu = DeviceLoader(DataLoader(ds, batch_size=None), device="cuda", decode="gpu", size=64,
+    gpu = DeviceLoader(DataLoader(ds, batch_size=None), device="cuda", decode_on="gpu", size=64,
                        normalize=False, on_error="skip")
     assert gpu.device == torch.device("cuda", torch.cuda.current_device())
     cpu_ds = ShardDataset(image_ds, batch_size=8, batched=True, shuffle=False,
                           decode=CpuDecode(64, on_error="skip"))
-    cpu = DeviceLoader(DataLoader(cpu_ds, batch_size=None), device="cuda", decode="cpu",
+    cpu = DeviceLoader(DataLoader(cpu_ds, batch_size=None), device="cuda", decode_on="cpu",
                        normalize=False)
     for g, c in zip(gpu, cpu, strict=True):
         assert g["image"].device == gpu.device
@@ -197,7 +197,7 @@ def test_gpu_decode_close_to_cpu(image_ds):
     # the consumer stream's idle time, from CUDA events: the epoch start counted apart
     assert 0 <= gpu.gpu_idle_fraction <= 1 and gpu.stats["epoch_starts"] == 1, gpu.stats
     assert gpu.stats["gpu_start_idle_s"] > 0, gpu.stats
-    raising = DeviceLoader(DataLoader(ds, batch_size=None), device="cuda", decode="gpu", size=64)
+    raising = DeviceLoader(DataLoader(ds, batch_size=None), device="cuda", decode_on="gpu", size=64)
     with pytest.raises(DecodeError, match="bad"):
         list(raising)
 

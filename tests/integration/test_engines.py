@@ -493,7 +493,7 @@ def test_one_changed_remote_file_costs_only_its_own_sample(tmp_path, monkeypatch
         real(self, *args, **kwargs)
 
     monkeypatch.setattr(fields.RemoteFiles, "__init__", shrink_then_init)
-    summary = shardpack.pack(url, tmp_path / "out", workers=1, skip_bad=True)
+    summary = shardpack.pack(url, tmp_path / "out", workers=1, on_error="skip")
     assert summary.samples == 5 and summary.skipped == {"read-failed": 1}
     assert "04.bin" in summary.first_skips[0] and "size 10 -> 3" in summary.first_skips[0]
 
@@ -504,9 +504,9 @@ def test_walk_counts_are_counted_once_in_a_merge_of_parts(tmp_path):
     src = make_tree(tmp_path / "src", files)
     parts = [tmp_path / f"p{i}" for i in range(3)]
     for i, out in enumerate(parts):
-        shardpack.pack(src, out, part=(i, 3), workers=1, skip_bad=True)
+        shardpack.pack(src, out, part=(i, 3), workers=1, on_error="skip")
     merged = shardpack.merge(parts, tmp_path / "m")
-    whole = shardpack.pack(src, tmp_path / "w", workers=1, skip_bad=True)
+    whole = shardpack.pack(src, tmp_path / "w", workers=1, on_error="skip")
     m = fmt.decode_manifest((tmp_path / "m" / fmt.MANIFEST_NAME).read_bytes())
     w = fmt.decode_manifest((tmp_path / "w" / fmt.MANIFEST_NAME).read_bytes())
     assert merged.samples == whole.samples == 30

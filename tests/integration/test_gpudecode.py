@@ -355,11 +355,11 @@ def test_gpu_plan_names_the_bad_sample_by_default():
 
 def test_device_loader_runs_the_gpu_plan_with_a_standin_on_the_cpu(small_ds):
     ds = ShardDataset(small_ds, batch_size=4, batched=True, shuffle=False)
-    dl = DeviceLoader(DataLoader(ds, batch_size=None), device="cpu", decode="gpu", size=16,
+    dl = DeviceLoader(DataLoader(ds, batch_size=None), device="cpu", decode_on="gpu", size=16,
                       normalize=False, on_error="skip", decode_backend=standin_backend())
     ref = DeviceLoader(DataLoader(ShardDataset(small_ds, batch_size=4, batched=True,
                                                shuffle=False, decode=CpuDecode(16)),
-                                  batch_size=None), device="cpu", decode="cpu", size=16,
+                                  batch_size=None), device="cpu", decode_on="cpu", size=16,
                        normalize=False)
     for g, c in zip(dl, ref, strict=True):
         assert g["image"].shape == c["image"].shape == (4, 3, 16, 16)
@@ -498,8 +498,8 @@ def test_lists_tuples_and_nested_batches_move_to_the_device():
 
 @pytest.mark.skipif(not NO_CUDA, reason="a CUDA device exists")
 def test_cuda_asked_for_on_a_machine_without_it_is_one_line(small_ds):
-    for kwargs in (dict(device="cuda"), dict(device="cuda:0", decode="cpu"),
-                   dict(device="cuda", decode="gpu"), dict(device="cpu", decode="gpu")):
+    for kwargs in (dict(device="cuda"), dict(device="cuda:0", decode_on="cpu"),
+                   dict(device="cuda", decode_on="gpu"), dict(device="cpu", decode_on="gpu")):
         with pytest.raises(DeviceError, match="no(ne| CUDA device)") as info:
             DeviceLoader([], **kwargs)
         assert "\n" not in str(info.value)

@@ -42,7 +42,7 @@ def parts(tmp_path):
     a = pack_part(tmp_path, "a", 0, extra={"cat/.DS_Store": b"x"})
     b = pack_part(tmp_path, "b", 100, extra={"cat/cat0100.json": b'{"w": 1}',
                                              "dog/Thumbs.db": b"junk"})
-    c = pack_part(tmp_path, "c", 200, n=2, extra={"dog/broken.jpg": b""}, skip_bad=True)
+    c = pack_part(tmp_path, "c", 200, n=2, extra={"dog/broken.jpg": b""}, on_error="skip")
     return [a, b, c]
 
 
@@ -144,7 +144,7 @@ def test_a_streamed_copy_that_differs_is_refused(parts, tmp_path, monkeypatch):
 @pytest.mark.parametrize("what", ["format", "classes"])
 def test_parts_that_disagree_are_refused(parts, tmp_path, what):
     if what == "format":
-        odd = pack_part(tmp_path, "odd", 300, format="msgpack")
+        odd = pack_part(tmp_path, "odd", 300, shard_format="msgpack")
         needle = "shard_format is 'msgpack' here, but 'tar' in"
     else:
         odd = pack_part(tmp_path, "odd", 300, classes=("bird", "cat"))
@@ -318,7 +318,7 @@ def test_remote_parts_and_out(parts, tmp_path):
         for i in range(len(parts)):
             src = tmp_path / f"src-{'abc'[i]}"
             shardpack.pack(src, f"{base}/p{i}", workers=1, max_samples=2,
-                           skip_bad=i == 2)  # as the fixture packed them: the same bytes
+                           on_error="skip" if i == 2 else "raise")  # as the fixture packed them
             remote_parts.append(f"{base}/p{i}")
         expected = shardpack.merge(parts, tmp_path / "local")
         # one store: the store copies
@@ -356,7 +356,7 @@ def test_cli(parts, tmp_path):
                             "(pass --overwrite to replace the dataset there, or choose an empty " \
                             "folder)\n"
     assert run_cli("merge", *parts[:2], tmp_path / "out", "--overwrite", "-q").exit_code == 0
-    odd = pack_part(tmp_path, "odd", 300, format="msgpack", compression="zstd")
+    odd = pack_part(tmp_path, "odd", 300, shard_format="msgpack", compression="zstd")
     result = run_cli("merge", parts[0], odd, tmp_path / "out2", ok=None)
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert result.output.startswith(f"shardpack: error: {odd}: shard_format is 'msgpack'")

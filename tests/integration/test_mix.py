@@ -226,7 +226,7 @@ def two(tmp_path_factory):
     a = make_tree(root / "a", {f"c{i % 2}/{i:03d}.jpg": os.urandom(100 + i) for i in range(30)})
     b = make_tree(root / "b", {f"c{i % 2}/{i:03d}.png": os.urandom(50 + i) for i in range(10)})
     shardpack.pack(a, root / "A", workers=1, max_samples=8, check="none")
-    shardpack.pack(b, root / "B", workers=1, max_samples=4, check="none", format="msgpack")
+    shardpack.pack(b, root / "B", workers=1, max_samples=4, check="none", shard_format="msgpack")
     return root / "A", root / "B"
 
 
@@ -420,11 +420,11 @@ def test_decode_and_device_loader_on_a_mixture(tmp_path):
     b = make_tree(tmp_path / "b", {f"c{i % 2}/{i:02d}.PNG": _photo(i, 64, 48, "PNG")
                                    for i in range(6)})
     shardpack.pack(a, tmp_path / "A", workers=1)
-    shardpack.pack(b, tmp_path / "B", workers=1, format="msgpack")
+    shardpack.pack(b, tmp_path / "B", workers=1, shard_format="msgpack")
     ds = ShardDataset([tmp_path / "A", tmp_path / "B"], batch_size=6, batched=True,
                       decode=shardpack.CpuDecode(32))
     loader = shardpack.DeviceLoader(DataLoader(ds, batch_size=None, num_workers=1),
-                                    device="cpu", decode="cpu")
+                                    device="cpu", decode_on="cpu")
     batches = list(loader)
     assert sum(len(b["__index__"]) for b in batches) == 18
     assert all(b["image"].shape[1:] == (3, 32, 32) and float(b["image"].std()) > 0.1

@@ -40,7 +40,7 @@ def test_pack_unpack_round_trip(tmp_path_factory, shard_format, compression, tre
     src = make_tree(root / "src", tree)
     out = root / "out"
     # arbitrary bytes under image names: the image check is off (check="none")
-    summary = shardpack.pack(src, out, format=shard_format, compression=compression,
+    summary = shardpack.pack(src, out, shard_format=shard_format, compression=compression,
                              max_samples=max_samples, workers=1, layout="files", check="none")
     assert summary.files == len(tree)
     unpack(out, root / "back")
@@ -55,9 +55,9 @@ def test_pack_unpack_round_trip(tmp_path_factory, shard_format, compression, tre
 @pytest.mark.parametrize("shard_format,compression", MODES)
 def test_two_packs_are_byte_identical(small_tree, tmp_path, shard_format, compression):
     a, b = tmp_path / "a", tmp_path / "b"
-    shardpack.pack(small_tree, a, format=shard_format, compression=compression, max_samples=2,
+    shardpack.pack(small_tree, a, shard_format=shard_format, compression=compression, max_samples=2,
                    workers=1)
-    shardpack.pack(small_tree, b, format=shard_format, compression=compression, max_samples=2,
+    shardpack.pack(small_tree, b, shard_format=shard_format, compression=compression, max_samples=2,
                    workers=2)
     files = dataset_files(a)
     assert files == dataset_files(b)

@@ -139,7 +139,8 @@ def test_labels_inside_samples_select_and_count(tmp_path, compression):
     files["0012.jpg"] = _photo(12, 64, 48)  # no label at all
     src = make_tree(tmp_path / "src", files)
     ds = tmp_path / "ds"
-    shardpack.pack(src, ds, max_samples=5, workers=1, format="msgpack", compression=compression)
+    shardpack.pack(src, ds, max_samples=5, workers=1, shard_format="msgpack",
+                   compression=compression)
     out = tmp_path / "p.html"
     summary = preview(ds, out, PreviewOptions(html=True, class_name="1"))
     if compression == "none":

@@ -83,7 +83,7 @@ def test_a_class_folder_linked_from_outside_is_refused_naming_the_link(linked_tr
 
 def test_skip_bad_counts_outside_folder_links(linked_tree, tmp_path):
     out = tmp_path / "out"
-    summary = shardpack.pack(linked_tree, out, workers=1, skip_bad=True)
+    summary = shardpack.pack(linked_tree, out, workers=1, on_error="skip")
     assert summary.skipped == {"link-outside": 2}  # b, and c/more
     assert summary.classes == ["a", "c"]
     assert sorted(keys_and_labels(out)) == ["a/img000", "a/img001", "c/alias", "c/img000"]
@@ -271,7 +271,7 @@ def test_resumed_shards_keep_their_skips_named(tmp_path):
     for i in range(3):
         (src / "a" / f"img00{i}x.png").write_bytes(b"")  # broken, spread over the shards
     out = tmp_path / "out"
-    shardpack.pack(src, out, workers=1, skip_bad=True, max_samples=3)
+    shardpack.pack(src, out, workers=1, on_error="skip", max_samples=3)
     whole = sorted(json.loads(line)["path"]
                    for line in (out / fmt.SKIPS_NAME).read_text().splitlines())
     # as an interrupted run leaves it: no manifest, the complete shards, the state
@@ -280,8 +280,8 @@ def test_resumed_shards_keep_their_skips_named(tmp_path):
     (out / fmt.SKIPS_NAME).unlink()
     (out / ".shardpack-pack.json").write_text(json.dumps({
         "shardpack": shardpack.__version__, "source": str(src),
-        "options": shardpack.write.plan.PackOptions(skip_bad=True, max_samples=3).as_dict()}))
-    summary = shardpack.pack(src, out, workers=1, skip_bad=True, max_samples=3, resume=True)
+        "options": shardpack.write.plan.PackOptions(on_error="skip", max_samples=3).as_dict()}))
+    summary = shardpack.pack(src, out, workers=1, on_error="skip", max_samples=3, resume=True)
     assert summary.reused_shards == manifest["num_shards"]
     again = sorted(json.loads(line)["path"]
                    for line in (out / fmt.SKIPS_NAME).read_text().splitlines())

@@ -175,13 +175,13 @@ def test_corrupt_cached_shard_is_fetched_again(local_ds, http_server, tmp_path):
     data = bytearray(open(cached[0], "rb").read())
     data[100] ^= 0xFF
     open(cached[0], "wb").write(bytes(data))
-    ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=0)  # one thread:
+    ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch_shards=0)  # one thread:
     assert len(list(ds)) == N and ds.reader.cache.stats["refetches"] == 1     # one refetch
     for _ in range(3):  # with prefetch threads too: several threads may find it corrupt at once
         data = bytearray(open(cached[0], "rb").read())
         data[100] ^= 0xFF
         open(cached[0], "wb").write(bytes(data))
-        ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=4)
+        ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch_shards=4)
         got = {s["__key__"]: s["bin"] for s in ds}
         assert got == {k: s["bin"] for k, s in _expected(local_ds).items()}
         _fetchers_done()
@@ -225,7 +225,7 @@ def test_download_that_differs_from_the_manifest_never_enters_the_cache(local_ds
         raise AssertionError(f"{path} was read back to be hashed")
 
     monkeypatch.setattr(cache_module, "file_hash", no_read_back)
-    ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=0)
+    ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch_shards=0)
     got = []
     with pytest.raises(IntegrityError, match=r"shard-00002.tar: downloaded shard does not match "
                                              r"the manifest's hash"):
@@ -247,7 +247,7 @@ def test_verified_stamp_spares_the_rehash_until_the_file_or_boot_changes(
 
     server = http_server(local_ds)
     cache = tmp_path / "cache"
-    first = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=0)
+    first = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch_shards=0)
     assert len(list(first)) == N
     stats = first.reader.cache.stats
     assert stats["downloads"] == 10 and stats["rehashed"] == 0  # 5 shards + 5 indexes
@@ -257,7 +257,7 @@ def test_verified_stamp_spares_the_rehash_until_the_file_or_boot_changes(
         cache_mod._BOOT_ID
 
     def fresh():  # (no prefetch threads: two threads checking one file may both re-hash it)
-        ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch=0)
+        ds = ShardDataset(server.url, cache_dir=cache, shuffle=False, prefetch_shards=0)
         assert len(list(ds)) == N
         return ds.reader.cache.stats
 
@@ -310,7 +310,7 @@ WORKER = textwrap.dedent("""
     url, cache, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     limit = int(sys.argv[5])
     ds = shardpack.ShardDataset(url, cache_dir=cache, cache_limit=limit, rank=rank,
-                                world_size=world, batch_size=4, batched=True, prefetch=1)
+                                world_size=world, batch_size=4, batched=True, prefetch_shards=1)
     ids = []
     for b in DataLoader(ds, batch_size=None, num_workers=2):
         ids += b["__index__"].tolist()
@@ -383,7 +383,7 @@ def test_fast_start_first_batch_without_whole_shards(local_ds, http_server, tmp_
 
     monkeypatch.setattr(RemoteStorage, "download", held_download)
     ds = ShardDataset(server.url, cache_dir=tmp_path / "cache", seed=3, batch_size=8,
-                      batched=True, prefetch=2)
+                      batched=True, prefetch_shards=2)
     it = iter(ds)
     first = next(it)  # would hang here (until the 60 s assert) without the fast start
     keys = first["__key__"]
@@ -415,7 +415,7 @@ def test_fast_start_only_in_worker_0(local_ds, http_server, tmp_path, monkeypatc
 
     monkeypatch.setattr(DatasetReader, "fetch_pieces", logged)  # before the workers fork
     ds = ShardDataset(server.url, cache_dir=tmp_path / "cache", seed=3, batch_size=8,
-                      batched=True, prefetch=2)
+                      batched=True, prefetch_shards=2)
     keys = [k for b in DataLoader(ds, batch_size=None, num_workers=2) for k in b["__key__"]]
     assert sorted(keys) == sorted(_expected(local_ds))
     calls = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
@@ -438,7 +438,7 @@ def test_fast_start_bad_piece_falls_back_to_whole_shards(local_ds, http_server, 
     # check="once": whole cached shards count as checked (the cache hashed them), so the hash
     # broken above breaks only the ranged pieces (the default would hash every read, and fail)
     ds = ShardDataset(server.url, cache_dir=tmp_path / "c2", seed=1, batch_size=8,
-                      batched=True, prefetch=2, check="once")
+                      batched=True, prefetch_shards=2, check="once")
     got = {k: v for b in ds for k, v in zip(b["__key__"], b["bin"].items(), strict=True)}
     assert got == {k: s["bin"] for k, s in expected.items()}
     assert ds.stats["fast_start_requests"] == 0
@@ -450,13 +450,13 @@ def test_shuffled_epoch_keeps_its_window_of_cached_shards_open(local_ds, http_se
     of closing and re-mapping them batch after batch."""
     server = http_server(local_ds)
     ds = ShardDataset(server.url, cache_dir=tmp_path / "cache", seed=5, batch_size=4,
-                      batched=True, prefetch=0, block_size=2, shuffle_window=12)
+                      batched=True, prefetch_shards=0, block_size=2, shuffle_window=12)
     assert ds.reader.open_cached == 0 + 4 + 12 // 2
     keys = [k for b in ds for k in b["__key__"]]
     assert sorted(keys) == sorted(_expected(local_ds))
     stats = ds.reader.cache.stats
     assert stats["downloads"] == 10 and stats["hits"] == 0  # 5 shards + 5 indexes, once each
-    plain = ShardDataset(server.url, cache_dir=tmp_path / "cache", shuffle=False, prefetch=0)
+    plain = ShardDataset(server.url, cache_dir=tmp_path / "cache", shuffle=False, prefetch_shards=0)
     assert plain.reader.open_cached == 4
 
 

@@ -45,7 +45,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("shard_format", ["tar", "msgpack"])
 def test_sigkill_then_resume_is_byte_identical(src, tmp_path, shard_format):
     reference = tmp_path / "reference"
-    shardpack.pack(src, reference, format=shard_format, shard_size="1MB", workers=2)
+    shardpack.pack(src, reference, shard_format=shard_format, shard_size="1MB", workers=2)
     out = tmp_path / "out"
     rng = random.Random(11)
     kills = 0

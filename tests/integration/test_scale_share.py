@@ -26,7 +26,7 @@ def test_ten_million_samples_first_batch_and_worker_memory(tmp_path, record_prop
                       "cls": pa.array(np.arange(n) % 1000)})
     pq.write_table(table, tmp_path / "t.parquet")
     base = tmp_path / "base"
-    shardpack.convert(tmp_path / "t.parquet", base, format="msgpack", label_column="cls",
+    shardpack.convert(tmp_path / "t.parquet", base, shard_format="msgpack", label_column="cls",
                       check="none", max_samples=10_000)
     manifest = json.loads((base / fmt.MANIFEST_NAME).read_text())
     big = tmp_path / "big"

@@ -22,7 +22,7 @@ def dataset(tmp_path, request):
     files.update({f"c0/{i:04d}.json": b'{"i": %d}' % i for i in range(0, 40, 3)})
     src = make_tree(tmp_path / "src", files)
     out = tmp_path / "out"
-    shardpack.pack(src, out, format=shard_format, compression=compression, max_samples=15,
+    shardpack.pack(src, out, shard_format=shard_format, compression=compression, max_samples=15,
                    workers=1)
     return out
 
@@ -109,7 +109,7 @@ def test_reader_checks_crc_on_read(tmp_path):
 
     src = make_tree(tmp_path / "src", {"a.bin": b"x" * 1000})
     out = tmp_path / "out"
-    shardpack.pack(src, out, format="msgpack", workers=1)
+    shardpack.pack(src, out, shard_format="msgpack", workers=1)
     shard = out / "shard-00000.spk"
     data = bytearray(shard.read_bytes())
     data[-10] ^= 0xFF
@@ -133,7 +133,7 @@ def _folders(tmp_path, shard_format="tar", classes=("c0", "c1", "c2"), empty=())
     for name in empty:
         (src / name).mkdir()
     out = tmp_path / "out"
-    shardpack.pack(src, out, format=shard_format, workers=1, max_samples=3,
+    shardpack.pack(src, out, shard_format=shard_format, workers=1, max_samples=3,
                    allow_empty_classes=bool(empty))
     return out
 
@@ -145,7 +145,7 @@ def _files_layout(tmp_path):
         files[f"{i:03d}.bin"] = bytes([i]) * 8
         files[f"{i:03d}.cls"] = str(i % 3).encode()
     out = tmp_path / "files-out"
-    shardpack.pack(make_tree(tmp_path / "files-src", files), out, format="msgpack",
+    shardpack.pack(make_tree(tmp_path / "files-src", files), out, shard_format="msgpack",
                    compression="zstd", workers=1, max_samples=4)
     return out
 

@@ -213,7 +213,7 @@ def test_file_changes_or_vanishes_during_pack(src, tmp_path, change, message):
 def test_file_changes_during_pack_skip_bad(src, tmp_path):
     victim = src / "b" / "3.jpg"
     out = tmp_path / "out"
-    summary = shardpack.pack(src, out, skip_bad=True,
+    summary = shardpack.pack(src, out, on_error="skip",
                              executor=MutatingExecutor(lambda: victim.write_bytes(b"xxxxxx")))
     assert summary.samples == 2 and summary.skipped == {"read-failed": 1}
 

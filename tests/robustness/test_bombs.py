@@ -235,7 +235,7 @@ def test_pack_check_full_refuses_the_bomb_in_one_line(tmp_path):
     errors = [ln for ln in result.output.splitlines() if ln.startswith("shardpack: error:")]
     assert len(errors) == 1 and str(src / "x.png") in errors[0], result.output
     assert "image too large: 13,000x13,000" in errors[0] and BUDGET in errors[0], errors[0]
-    summary = shardpack.pack(src, tmp_path / "ds2", workers=1, check="full", skip_bad=True)
+    summary = shardpack.pack(src, tmp_path / "ds2", workers=1, check="full", on_error="skip")
     assert summary.samples == 1 and sum(summary.skipped.values()) == 1
 
 
@@ -250,7 +250,7 @@ def test_pack_resize_refuses_the_bomb_before_decoding(tmp_path):
     assert result.exit_code == 2, result.output
     assert str(src / "x.png") in result.output and BUDGET in result.output, result.output
     summary = shardpack.pack(src, tmp_path / "ds2", workers=1, check="none", resize=16,
-                             skip_bad=True)
+                             on_error="skip")
     assert summary.samples == 1 and summary.skipped == {"broken-image": 1}
 
 

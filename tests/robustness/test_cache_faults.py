@@ -131,13 +131,13 @@ def test_warm_read_only_cache_serves_what_it_holds_and_writes_nothing(
     server = http_server(local_ds)
     cache = tmp_path / "cache"
     expected = _expected(local_ds)
-    assert _read(server.url, cache, prefetch=0) == expected
+    assert _read(server.url, cache, prefetch_shards=0) == expected
     view = read_only_view(cache)
     before = {p: server.requests_for(p) for p in os.listdir(local_ds) if p != fmt.MANIFEST_NAME}
     attempts = _spy_writes(monkeypatch, view)
     for boot in (cache_module._BOOT_ID, "another-boot"):  # stamps trusted / all re-hashed
         monkeypatch.setattr(cache_module, "_BOOT_ID", boot)
-        ds = ShardDataset(server.url, cache_dir=view, shuffle=True, seed=3, prefetch=2)
+        ds = ShardDataset(server.url, cache_dir=view, shuffle=True, seed=3, prefetch_shards=2)
         assert {s["__key__"]: s["bin"] for s in ds} == expected
         assert ds.reader.cache.read_only
         stats = ds.reader.cache.stats
@@ -168,11 +168,11 @@ def test_cold_read_only_cache_is_one_line_naming_the_folder(local_ds, http_serve
     assert "the cache folder is read-only" in text and "\n" not in text
 
     cache = tmp_path / "cache"
-    assert _read(server.url, cache, prefetch=0) == _expected(local_ds)
+    assert _read(server.url, cache, prefetch_shards=0) == _expected(local_ds)
     shards = {p[-9:-4]: p for p in _cached(cache)}  # "00002": its cached file
     os.unlink(shards["00002"])  # (through the writable path)
     view = read_only_view(cache)
-    ds = ShardDataset(server.url, cache_dir=view, shuffle=False, prefetch=0)
+    ds = ShardDataset(server.url, cache_dir=view, shuffle=False, prefetch_shards=0)
     got = []
     with pytest.raises(CacheError, match=rf"^{view}: cannot fetch shard-00002.tar into the "
                                          r"cache: the cache folder is read-only, and the file is "
@@ -182,7 +182,7 @@ def test_cold_read_only_cache_is_one_line_naming_the_folder(local_ds, http_serve
     assert got == list(_expected(local_ds))[:20]
 
     _flip(shards["00001"])
-    ds = ShardDataset(server.url, cache_dir=view, shuffle=False, prefetch=0)
+    ds = ShardDataset(server.url, cache_dir=view, shuffle=False, prefetch_shards=0)
     with pytest.raises(IntegrityError, match=r"/ro-1/[0-9a-f]+/[0-9a-f]+-shard-00001.tar: cached "
                                              r"file does not match the manifest's size or hash, "
                                              r"and the cache folder is read-only"):
@@ -288,7 +288,7 @@ def test_processes_reading_a_dataset_with_one_corrupt_cached_shard(local_ds, fau
     server = fault_server(local_ds)
     cache = tmp_path / "cache"
     expected = _expected(local_ds)
-    assert _read(server.url, cache, prefetch=0) == expected
+    assert _read(server.url, cache, prefetch_shards=0) == expected
     target = next(s for s in fmt.decode_manifest((local_ds / fmt.MANIFEST_NAME).read_bytes(),
                                                  "m").shards if s.name == "shard-00001.tar")
     _flip(next(p for p in _cached(cache) if p.endswith("shard-00001.tar")))
@@ -302,7 +302,7 @@ def test_processes_reading_a_dataset_with_one_corrupt_cached_shard(local_ds, fau
         local.leader = i == 0
         out = tmp_path / f"result-{i}"
         try:
-            out.write_text(str(_read(server.url, cache, prefetch=0) == expected))
+            out.write_text(str(_read(server.url, cache, prefetch_shards=0) == expected))
         except BaseException as exc:  # noqa: BLE001 - reported to the test
             out.write_text(f"error {type(exc).__name__}: {exc}")
 

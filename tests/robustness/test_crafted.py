@@ -190,7 +190,7 @@ def _labelled(tmp_path, labels, shard_format="msgpack", compression="zstd") -> P
     listing = tmp_path / "l.csv"
     listing.write_text("path,key,cls\n" + "\n".join(rows) + "\n")
     out = tmp_path / "ds"
-    shardpack.pack(listing, out, format=shard_format, compression=compression, workers=1)
+    shardpack.pack(listing, out, shard_format=shard_format, compression=compression, workers=1)
     return out
 
 

@@ -151,7 +151,7 @@ PYTHON_SPELLING = {"--skip-bad": 'on_error="skip"'}
 
 @pytest.mark.parametrize("name", ["tar_non_utf8_name.tar", "tgz_non_utf8_name.tar.gz"])
 def test_non_utf8_member_names_are_skipped_and_counted(name, tmp_path):
-    summary = convert(SOURCES / name, tmp_path / "out", workers=1, skip_bad=True)
+    summary = convert(SOURCES / name, tmp_path / "out", workers=1, on_error="skip")
     assert summary.samples == 1 and summary.skipped == {"bad-name": 1}
 
 

@@ -16,7 +16,7 @@ from shardpack.interop.unpack import remove_tree
 from testbed.helpers import fake_jpeg, make_tree, reseal, run_cli
 
 
-def _pack(tmp_path: Path, keys, name: str = "ds", format: str = "tar") -> Path:
+def _pack(tmp_path: Path, keys, name: str = "ds", shard_format: str = "tar") -> Path:
     """A dataset whose samples have exactly ``keys`` (one .jpg field each), packed from a CSV
     listing, so that keys no file system could hold are possible."""
     make_tree(tmp_path / "img", {"1.jpg": fake_jpeg(40, seed=1), "2.jpg": fake_jpeg(50, seed=2)})
@@ -24,7 +24,7 @@ def _pack(tmp_path: Path, keys, name: str = "ds", format: str = "tar") -> Path:
     listing.write_text("path,key\n" + "".join(f"img/{1 + n % 2}.jpg,{key}\n"
                                               for n, key in enumerate(keys)))
     out = tmp_path / name
-    shardpack.pack(listing, out, format=format)
+    shardpack.pack(listing, out, shard_format=shard_format)
     return out
 
 
@@ -118,7 +118,7 @@ def test_file_and_folder_clash(tmp_path, keys, needles, how):
 
 
 def test_same_key_twice(tmp_path):
-    ds = _pack(tmp_path, ["a", "b"], format="msgpack")  # msgpack: unpack reads keys from the index
+    ds = _pack(tmp_path, ["a", "b"], shard_format="msgpack")  # msgpack: keys from the index
     index_path = ds / "shard-00000.idx"
     index = fmt.decode_index(index_path.read_bytes())
     index_path.write_bytes(fmt.encode_index(

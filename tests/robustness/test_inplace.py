@@ -36,7 +36,7 @@ def _pack(root: Path, shard_format: str = "tar") -> tuple[Path, dict]:
     src = make_tree(root / "src", {f"c{i % 2}/{i:03d}.jpg": fake_jpeg(3000, seed=i)
                                    for i in range(N)})
     out = root / "out"
-    shardpack.pack(src, out, format=shard_format, workers=1, max_samples=PER_SHARD)
+    shardpack.pack(src, out, shard_format=shard_format, workers=1, max_samples=PER_SHARD)
     truth = {s["__key__"]: bytes(s["jpg"]) for s in shardpack.open_reader(out)}
     return out, truth
 
@@ -84,7 +84,7 @@ SCRIPT = textwrap.dedent('''
         else:
             ds = shardpack.ShardDataset(where, shuffle=False, batch_size=4,
                                         batched=how == "batched", check=check,
-                                        cache_dir=cache, prefetch=0)
+                                        cache_dir=cache, prefetch_shards=0)
         reader = ds.reader
         got, result = [], {"kind": "ok"}
         try:
@@ -205,7 +205,7 @@ def test_a_byte_flipped_in_place_is_caught_in_the_next_epoch(tmp_path, http_serv
     url = out if where == "local" else http_server(out).url
     cache = tmp_path / "cache" if where == "cached" else None
     ds = shardpack.ShardDataset(url, shuffle=False, batch_size=4, batched=batched,
-                                cache_dir=cache, prefetch=0)
+                                cache_dir=cache, prefetch_shards=0)
     assert _epoch(ds) == truth
     reader = ds.reader
     index = reader.index(0)
@@ -226,7 +226,7 @@ def test_check_once_misses_a_cached_copy_flipped_in_place(tmp_path, http_server)
     server = http_server(out)
     for url, cache in ((server.url, tmp_path / "cache"), (out, None)):
         ds = shardpack.ShardDataset(url, shuffle=False, batch_size=4, batched=True,
-                                    cache_dir=cache, prefetch=0, check="once")
+                                    cache_dir=cache, prefetch_shards=0, check="once")
         assert _epoch(ds) == truth
         reader = ds.reader
         index = reader.index(0)

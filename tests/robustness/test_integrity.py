@@ -35,7 +35,7 @@ def _tree(root, seed: int = 0, size: int = 600):
 def packed(request, tmp_path):
     src = _tree(tmp_path / "src")
     out = tmp_path / "out"
-    shardpack.pack(src, out, format=request.param, workers=1, max_samples=6)
+    shardpack.pack(src, out, shard_format=request.param, workers=1, max_samples=6)
     truth = {}
     for shard_sample in shardpack.open_reader(out):
         truth[shard_sample["__key__"]] = bytes(shard_sample["jpg"])
@@ -91,7 +91,7 @@ def test_bit_flips_never_return_a_wrong_sample(tmp_path, shard_format):
     returns the right samples or raises: 0 silent wrong bytes."""
     src = _tree(tmp_path / "src", size=300)
     clean = tmp_path / "clean"
-    shardpack.pack(src, clean, format=shard_format, workers=1, max_samples=8)
+    shardpack.pack(src, clean, shard_format=shard_format, workers=1, max_samples=8)
     truth = {s["__key__"]: bytes(s["jpg"]) for s in shardpack.open_reader(clean)}
     files = sorted(p for p in clean.iterdir())
     sizes = [p.stat().st_size for p in files]

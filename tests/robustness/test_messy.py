@@ -104,7 +104,7 @@ def messy(tmp_path):
 @pytest.mark.parametrize("shard_format", ["tar", "msgpack"])
 def test_messy_tree_gives_one_sample_per_image_with_exact_bytes(messy, tmp_path, shard_format):
     src, expected = messy
-    summary = shardpack.pack(src, tmp_path / "out", format=shard_format, workers=2)
+    summary = shardpack.pack(src, tmp_path / "out", shard_format=shard_format, workers=2)
     assert summary.samples == len(IMAGE_NAMES) == len(expected)
     assert summary.images == len(IMAGE_NAMES)
     assert summary.ignored == len(JUNK)
@@ -261,14 +261,14 @@ def test_each_broken_kind_is_caught(tmp_path, name):
     with pytest.raises(BrokenImageError) as info:
         shardpack.pack(src.parent, tmp_path / "out", workers=1)
     assert name in str(info.value)
-    summary = shardpack.pack(src.parent, tmp_path / "out2", workers=1, skip_bad=True)
+    summary = shardpack.pack(src.parent, tmp_path / "out2", workers=1, on_error="skip")
     assert summary.samples == 1 and summary.skipped == {"broken-image": 1}
 
 
 def test_skip_bad_counts_broken_images(tmp_path):
     src = tmp_path / "src"
     expected = build_tree(src, broken=True)
-    summary = shardpack.pack(src, tmp_path / "out", workers=2, skip_bad=True)
+    summary = shardpack.pack(src, tmp_path / "out", workers=2, on_error="skip")
     assert summary.samples == len(expected)
     assert summary.skipped == {"broken-image": len(BROKEN)}
     assert f"skipped {len(BROKEN)} broken-image" in summary.line()
@@ -309,7 +309,7 @@ def test_two_images_with_one_key_are_refused(tmp_path):
     (src / "x.png").write_bytes(valid_bytes("png_rgba"))
     with pytest.raises(SourceError, match="two images with one key 'c/x'"):
         shardpack.pack(src.parent, tmp_path / "out", workers=1)
-    summary = shardpack.pack(src.parent, tmp_path / "out2", workers=1, skip_bad=True)
+    summary = shardpack.pack(src.parent, tmp_path / "out2", workers=1, on_error="skip")
     assert summary.samples == 1 and summary.skipped == {"duplicate-key": 1}
 
 

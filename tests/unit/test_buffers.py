@@ -35,7 +35,7 @@ def packed(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("bufs")
     files = {f"c{i % 2}/{i:04d}.bin": _payload(i, size + i % 7) for i in range(count)}
     src = make_tree(root / "src", files)
-    shardpack.pack(src, root / "out", format="tar", max_samples=count // 3, workers=1)
+    shardpack.pack(src, root / "out", shard_format="tar", max_samples=count // 3, workers=1)
     assert size * batch >= SLOT_MIN
     return root / "out", {k[:-4]: v for k, v in files.items()}, batch
 

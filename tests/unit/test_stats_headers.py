@@ -377,7 +377,7 @@ def test_compressed_shards_count_the_same(files, tmp_path):
     tree["bad.jpg"] = b"\xff\xd8\xff\xe1\x10\x00" + b"\0" * 100  # cut inside APP1
     tree["two.jpg"], tree["two.png"] = files["plain.jpg"], files["rgb.png"]  # no image field
     src = make_tree(tmp_path / "src", tree)
-    shardpack.pack(src, tmp_path / "ds", check="none", workers=1, format="msgpack",
+    shardpack.pack(src, tmp_path / "ds", check="none", workers=1, shard_format="msgpack",
                    compression="zstd")
     data = json.loads(run_cli("info", tmp_path / "ds", "--stats", "--json").output)["stats"]
     im = data["images"]
@@ -398,7 +398,7 @@ def test_class_counts_add_up_with_unlabelled_and_unreadable_samples(tmp_path):
     files["0012.jpg"] = _save(_picture(40, 30), "JPEG")  # no label
     src = make_tree(tmp_path / "src", files)
     ds = tmp_path / "ds"
-    shardpack.pack(src, ds, workers=1, format="msgpack", compression="zstd")
+    shardpack.pack(src, ds, workers=1, shard_format="msgpack", compression="zstd")
     reader = DatasetReader(ds)
     start, end = reader.index(0).span(4)
     shard = ds / reader.shards[0].name

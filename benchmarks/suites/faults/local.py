@@ -154,7 +154,7 @@ def _inplace_fn(clean, truth, check, batched, when, damage, name0, name1):
         out = work / "ds"
         shutil.copytree(clean, out)
         ds = shardpack.ShardDataset(out, shuffle=False, batch_size=4, batched=batched,
-                                    prefetch=0, **check_kwargs(check))
+                                    prefetch_shards=0, **check_kwargs(check))
         return read_epochs(two_epochs(ds, lambda: damage(out / name0, out / name1), when),
                            truth)
     return fn

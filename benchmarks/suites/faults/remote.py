@@ -153,7 +153,8 @@ def _cached_paths(reader) -> list[str]:
 def _cache_damage_fn(url, truth, check, batched, when, damage):
     def fn(work: Path):
         ds = shardpack.ShardDataset(url, shuffle=False, batch_size=4, batched=batched,
-                                    prefetch=0, cache_dir=work / "cache", **check_kwargs(check))
+                                    prefetch_shards=0, cache_dir=work / "cache",
+                                    **check_kwargs(check))
         return read_epochs(two_epochs(ds, lambda: damage(*_cached_paths(ds.reader)[:2]), when),
                            truth)
     return fn
@@ -251,7 +252,7 @@ def _read_only_fn(url, truth, state, check, batched):
         try:
             def epochs():
                 yield epoch_items(shardpack.ShardDataset(
-                    url, shuffle=False, batch_size=4, batched=batched, prefetch=0,
+                    url, shuffle=False, batch_size=4, batched=batched, prefetch_shards=0,
                     cache_dir=view, **check_kwargs(check)))
             return read_epochs(epochs(), truth)
         finally:
@@ -307,7 +308,7 @@ def _shared_corrupt_fn(url, truth, shard, at, procs):
             def run():
                 time.sleep(max(0.0, start_at - time.time()))
                 ds = shardpack.ShardDataset(url, shuffle=False, batch_size=4, batched=i % 2 == 1,
-                                            cache_dir=cache, prefetch=i % 2)
+                                            cache_dir=cache, prefetch_shards=i % 2)
                 return read_epochs([epoch_items(ds)], truth)
             return run
 
