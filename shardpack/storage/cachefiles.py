@@ -158,18 +158,19 @@ def listing(root: int, root_path: str) -> tuple[list, list]:
 
 def scan(root: int, root_path: str):
     """(folder name or "" for the root, name, lstat) of every entry in the cache's two levels
-    (the root and its folders), no link followed; folders the cache would refuse are skipped
-    here (a reader that needs one names it)."""
+    (the root and its folders), no link followed."""
     with os.scandir(root) as tops:
         listed = list(_stats(tops))
     for folder, st in listed:
         if not stat.S_ISDIR(st.st_mode):
             yield "", folder, st
             continue
-        try:
+        try:  # (one another user owns or can write: a one-line CacheError)
             fd = open_folder(root, folder, os.path.join(root_path, folder), False)
-        except (CacheError, OSError):
-            continue
+        except CacheError:
+            raise
+        except OSError:
+            continue  # unreadable, or gone meanwhile
         if fd is None:
             continue
         try:

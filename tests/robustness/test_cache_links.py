@@ -225,6 +225,8 @@ def test_a_cache_folder_of_another_user_is_refused_in_one_line(tmp_path):
         f"{os.path.dirname(path)}: a folder of the cache belongs to another user (uid 65534), "
         f"who could plant links in it: not used (give a cache_dir of your own: cache_dir=, "
         f"--cache-dir or $SHARDPACK_CACHE)")
+    result = run_cli("cache", "info", "--cache-dir", root, ok=False)
+    assert result.exit_code == 2 and result.output == f"shardpack: error: {err.value}\n"
     os.chown(root, 65534, 65534)  # the cache folder
     message = (f"{root}: the cache folder belongs to another user (uid 65534), who could plant "
                f"links in it: not used (give a cache_dir of your own: cache_dir=, --cache-dir or "
