@@ -27,16 +27,20 @@ shared memory, no lock state that outlives a crash.
   forever).  When everything cached is in use, the cache overshoots rather than deadlock, and
   shrinks again at the next publish or ``prune``.  So the cache holds at most ``limit`` bytes,
   plus what readers hold open beyond it, plus one partial file per download in flight.
-* A cache this process cannot write (a node cache filled ahead, mounted read-only or owned by
-  another user) serves what it holds and writes nothing: no lock file, access time, stamp or
-  temp file.  Anything missing or corrupt there is a one-line error: it cannot be fetched.
+* A cache this process cannot write (a node cache filled ahead, mounted read-only or root's)
+  serves what it holds and writes nothing: no lock file, access time, stamp or temp file.
+  Anything missing or corrupt there is a one-line error: it cannot be fetched.
+* Trusted only as far as the cache made it: a cache folder (or a folder in it) of another
+  user than this one or root, or one others can write, is refused; nothing in it is opened
+  through a link (``O_NOFOLLOW``, relative to its folder's fd).  A link where a cached file,
+  a folder or a temp file goes is removed (then fetched), one at the lock file is refused.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,9 +49,10 @@ import xxhash
 
 from shardpack import format as fmt
 from shardpack.core.errors import CacheError, IntegrityError, ShardpackError
-from shardpack.storage.cachefiles import fd_hash, file_hash, identity, remove_if_free
-
-LOCK_NAME = ".lock"
+from shardpack.storage.cachefiles import (FOLDER_MODE, LOCK_NAME, fd_hash, file_hash, identity,
+                                          listing, live_temp, make_temp, open_file, open_folder,
+                                          open_lock, open_root, remove_empty_folders,
+                                          remove_if_free, unlink_quietly)
 
 
 def default_cache_dir() -> str:
@@ -103,10 +108,11 @@ class ShardCache:
                              hint="give a folder, or a path that does not exist yet")
         if not os.path.isdir(self.root):  # (no mkdir try on an existing one: it may be read-only)
             with _writing(self.root, "cannot create the cache folder"):
-                os.makedirs(self.root, exist_ok=True)
+                os.makedirs(self.root, mode=FOLDER_MODE, exist_ok=True)
         if not os.access(self.root, os.R_OK | os.X_OK):
             raise CacheError("cannot read the cache folder (permission denied)", path=self.root)
-        # a folder this process cannot write (read-only mount, another user's) is used as it is:
+        os.close(open_root(self.root))  # another user's folder: one line now, not mid-epoch
+        # a folder this process cannot write (read-only mount, root's) is used as it is:
         # a warm one serves its files (docs/remote.md, "The cache")
         self.read_only = not os.access(self.root, os.W_OK)
         self._verified: set[tuple[str, int, int]] = set()  # (path, size, mtime) hashed here
@@ -117,35 +123,28 @@ class ShardCache:
     @contextmanager
     def _global(self):
         """The bookkeeping lock: exclusive; shared in a read-only cache, whose readers only look
-        up (and none there when no writer ever made the lock file: none to keep out)."""
-        path = os.path.join(self.root, LOCK_NAME)
-        if self.read_only:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                fd = -1
-            mode = fcntl.LOCK_SH
-        else:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except PermissionError:  # another user's lock file: a read-only fd locks it too
-                with _writing(path, "cannot open the cache's lock file"):
-                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as exc:
-                raise CacheError(f"cannot create the cache's lock file: {exc.strerror or exc}",
-                                 path=path) from exc
-            mode = fcntl.LOCK_EX
+        up (and none there when no writer ever made the lock file: none to keep out).  Yields
+        an fd of the cache folder, checked again: all under it is opened through it."""
+        root = open_root(self.root)
+        fd = -1
         try:
+            fd = open_lock(root, os.path.join(self.root, LOCK_NAME), self.read_only)
             if fd >= 0:
-                fcntl.flock(fd, mode)
-            yield
+                fcntl.flock(fd, fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX)
+            yield root
         finally:
             if fd >= 0:
                 os.close(fd)
+            os.close(root)
 
     def _need_write(self, what: str) -> None:
         if self.read_only:
             raise CacheError(f"cannot {what}: the cache folder is read-only", path=self.root)
+
+    def _where(self, dataset_url: str, shard: CacheFile) -> tuple[str, str]:
+        """(folder, file name) of ``shard`` under the cache folder."""
+        folder = xxhash.xxh3_64_hexdigest(dataset_url.rstrip("/").encode())
+        return folder, f"{shard.hash[:32]}-{shard.name}"
 
     def entry_path(self, dataset_url: str, shard: CacheFile) -> str:
         """Where the cache keeps ``shard`` of the dataset at ``dataset_url``.
@@ -154,8 +153,14 @@ class ShardCache:
             dataset_url: the dataset's URL.
             shard: a manifest entry or :class:`CacheItem`.
         """
-        folder = xxhash.xxh3_64_hexdigest(dataset_url.rstrip("/").encode())
-        return os.path.join(self.root, folder, f"{shard.hash[:32]}-{shard.name}")
+        return os.path.join(self.root, *self._where(dataset_url, shard))
+
+    def _folder(self, root: int, folder: str, create: bool = False) -> int | None:
+        """An fd of the cache's ``folder`` (a dataset's), None when missing (see
+        :func:`~shardpack.storage.cachefiles.open_folder`)."""
+        path = os.path.join(self.root, folder)
+        with _writing(path, "cannot open a folder of the cache"):
+            return open_folder(root, folder, path, not self.read_only, create)
 
     # -- the one entry point --------------------------------------------------------------------
     def open(self, dataset_url: str, shard: CacheFile, download,
@@ -165,9 +170,10 @@ class ShardCache:
         wrote, else the file is hashed here).  The caller must ``close()`` the entry when done
         reading.  With ``wait=False``, None instead of waiting while another process or thread
         fetches it (a prefetcher moves on to the next shard)."""
-        path = self.entry_path(dataset_url, shard)
+        where = self._where(dataset_url, shard)
+        path = os.path.join(self.root, *where)
         for _ in range(2):
-            entry = self._get(path, shard, download, wait)
+            entry = self._get(where, shard, download, wait)
             if entry is None:
                 return None
             if self._verify(entry, shard):
@@ -181,58 +187,70 @@ class ShardCache:
                                                      "or give another cache_dir")
             # corrupt in the cache: fetch again, once (another reader that found it corrupt too
             # may have removed it, or fetched it again, already: then that is what _get finds)
-            self._discard(path, ident)
+            self._discard(where, ident)
             self.stats["refetches"] += 1
         raise IntegrityError("cached shard is still corrupt after fetching it again",
                              path=path, hint="the remote shard itself may be bad: run "
                                              "'shardpack verify' on the dataset")
 
-    def _get(self, path: str, shard: CacheFile, download, wait: bool = True) -> CacheEntry | None:
-        folder, name = os.path.split(path)
+    def _get(self, where: tuple[str, str], shard: CacheFile, download,
+             wait: bool = True) -> CacheEntry | None:
         while True:
-            with self._global():
-                entry = self._open_shared(path)
-                if entry is not None:
+            with self._global() as root:
+                found = self._look_up(root, *where)
+                if isinstance(found, CacheEntry):
                     self.stats["hits"] += 1
-                    return entry
-                busy = self._locked_temp(folder, name)
-                if busy is None:
+                    return found
+                if found is None:
                     if self.read_only:
                         raise CacheError(f"cannot fetch {shard.name} into the cache: the cache "
                                          "folder is read-only, and the file is not in it",
                                          path=self.root, hint="fill the cache where it is "
                                                               "writable, or give another "
                                                               "cache_dir")
-                    tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
-                    with _writing(folder, "cannot write into the cache"):
-                        # in the lock: prune removes empty folders under it
-                        os.makedirs(folder, exist_ok=True)
-                        tfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                                      0o644)
-                    fcntl.flock(tfd, fcntl.LOCK_EX)
-            if busy is None:
-                return self._fetch_into(tmp, tfd, path, shard, download)
+                    # in the lock: prune removes empty folders under it
+                    temp = self._start_temp(root, *where)
+            if found is None:
+                return self._fetch_into(temp, where, shard, download)
             if not wait:
-                os.close(busy)
+                os.close(found)
                 self.stats["busy"] += 1
                 return None
             self.stats["waits"] += 1  # another process is fetching it: wait for its lock to go
             try:
-                fcntl.flock(busy, fcntl.LOCK_SH)
+                fcntl.flock(found, fcntl.LOCK_SH)
             finally:
-                os.close(busy)
+                os.close(found)
 
-    def _fetch_into(self, tmp: str, tfd: int, path: str, shard: CacheFile,
-                    download) -> CacheEntry:
-        """Download ``shard`` into the temp file ``tmp`` (``tfd``: open, locked exclusively),
-        check it against the manifest, and publish it as ``path``: the entry, held shared.
-        Closes ``tfd``; removes ``tmp`` on any failure."""
+    def _start_temp(self, root: int, folder: str, name: str) -> tuple[int, str, int]:
+        """A new temp file to download ``name`` into, locked exclusively: (an fd of its
+        folder, its name, its fd)."""
+        with _writing(os.path.join(self.root, folder), "cannot write into the cache"):
+            dfd = self._folder(root, folder, create=True)
+            try:
+                temp, tfd = make_temp(dfd, name)
+            except BaseException:
+                os.close(dfd)
+                raise
+        fcntl.flock(tfd, fcntl.LOCK_EX)
+        return dfd, temp, tfd
+
+    def _fetch_into(self, temp: tuple[int, str, int], where: tuple[str, str],
+                    shard: CacheFile, download) -> CacheEntry:
+        """Download ``shard`` into the temp file ``temp`` (its folder's fd, its name, its fd:
+        locked exclusively), check it against the manifest, and publish it: the entry, held
+        shared.  Closes the fds; removes the temp file on any failure."""
+        dfd, tmp, tfd = temp
+        path = os.path.join(self.root, *where)
         try:
-            digest = download(tmp)  # the content hash when computed on the way, or None
-            if os.path.getsize(tmp) != shard.bytes:
-                raise IntegrityError(f"downloaded {os.path.getsize(tmp)} bytes, the "
-                                     f"manifest says {shard.bytes}", path=shard.name)
-            if (digest or file_hash(tmp)) != shard.hash:
+            digest = download(os.path.join(self.root, where[0], tmp))  # its hash, or None
+            # sized and hashed through this process's own fd: bytes a swapped name took
+            # elsewhere are not in it
+            got = os.fstat(tfd).st_size
+            if got != shard.bytes:
+                raise IntegrityError(f"downloaded {got} bytes, the manifest says {shard.bytes}",
+                                     path=shard.name)
+            if (digest or file_hash(tfd)) != shard.hash:
                 raise IntegrityError("downloaded shard does not match the manifest's hash",
                                      path=shard.name)
             # no fsync: a process re-hashes a cache file before its first use unless it
@@ -240,10 +258,14 @@ class ShardCache:
             # fsync would cost a good part of a cold remote epoch (docs/remote.md)
             _stamp(tfd, shard.hash, own=True)  # before anyone can find it (by inode)
             st = os.fstat(tfd)
-            with self._global():
-                self._evict(shard.bytes, keep=path)
+            with self._global() as root:
+                self._evict(root, shard.bytes, keep=path)
                 with _writing(path, "cannot write into the cache"):
-                    os.replace(tmp, path)
+                    now = os.lstat(tmp, dir_fd=dfd)
+                    if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
+                        raise CacheError("the download's temp file was replaced meanwhile",
+                                         path=os.path.join(self.root, where[0], tmp))
+                    os.replace(tmp, where[1], src_dir_fd=dfd, dst_dir_fd=dfd)
                 self._verified.add((path, st.st_size, st.st_mtime_ns))  # == identity(path)
                 # the same open file now is the cache entry: turn the writer's exclusive
                 # lock into a reader's shared one (waiters wake up and find the file)
@@ -252,24 +274,37 @@ class ShardCache:
             self.stats["downloads"] += 1
             return entry
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            unlink_quietly(dfd, tmp)
             raise
         finally:
             if tfd >= 0:
                 os.close(tfd)
+            os.close(dfd)
 
     # -- helpers (called with the global lock held unless noted) ---------------------------------
-    def _open_shared(self, path: str) -> CacheEntry | None:
+    def _look_up(self, root: int, folder: str, name: str) -> CacheEntry | int | None:
+        """The cached file ``name`` held shared; else an fd of the temp file a live download
+        of it writes; else None."""
+        dfd = self._folder(root, folder)
+        if dfd is None:
+            return None  # (the dataset's folder is made when its first download starts)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+            entry = self._open_shared(dfd, folder, name)
+            return entry if entry is not None else live_temp(dfd, name, self.read_only)
+        finally:
+            os.close(dfd)
+
+    def _open_shared(self, dfd: int, folder: str, name: str) -> CacheEntry | None:
+        path = os.path.join(self.root, folder, name)
+        try:  # a link or special file in its place is removed (then fetched), never followed
+            fd = open_file(dfd, name, path, not self.read_only)
+        except ShardpackError:
+            raise
         except OSError as exc:
             raise CacheError(f"cannot read a cached file: {exc.strerror or exc}",
                              path=path) from exc
+        if fd is None:
+            return None
         fcntl.flock(fd, fcntl.LOCK_SH)
         if not self.read_only:
             try:  # LRU recency: access time
@@ -277,37 +312,6 @@ class ShardCache:
             except OSError:
                 pass  # another user's file in a shared cache: its recency just stays
         return CacheEntry(path, fd)
-
-    def _locked_temp(self, folder: str, name: str) -> int | None:
-        """An fd of a temp file some live process is downloading into, or None; temp files of
-        dead processes are deleted (left alone in a read-only cache)."""
-        prefix = f".{name}.tmp-"
-        try:
-            others = os.listdir(folder)
-        except (FileNotFoundError, NotADirectoryError):
-            return None  # (the dataset's folder is made when its first download starts)
-        for other in others:
-            if not other.startswith(prefix):
-                continue
-            full = os.path.join(folder, other)
-            try:
-                fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    return fd  # held: a live download
-                os.close(fd)
-                raise
-            os.close(fd)
-            if not self.read_only:
-                try:
-                    os.unlink(full)  # lock free: its writer died
-                except FileNotFoundError:
-                    pass
-        return None
 
     def _verify(self, entry: CacheEntry, shard: CacheFile) -> bool:
         ident = identity(entry.path, entry.fd)
@@ -328,49 +332,60 @@ class ShardCache:
         self._verified.add(ident)
         return True
 
-    def _discard(self, path: str, ident: tuple) -> None:
+    def _discard(self, where: tuple[str, str], ident: tuple) -> None:
         """Delete a cached file found corrupt (unless it was replaced meanwhile).  Readers that
         mapped it keep their mapping; they check it themselves."""
-        with self._global():
+        with self._global() as root:
+            dfd = self._folder(root, where[0])
+            if dfd is None:
+                return
             try:
-                if identity(path) == ident:
-                    os.unlink(path)
+                st = os.lstat(where[1], dir_fd=dfd)
+                if stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == ident[1:]:
+                    os.unlink(where[1], dir_fd=dfd)
             except FileNotFoundError:
                 pass
+            finally:
+                os.close(dfd)
 
-    def _evict(self, incoming: int, keep: str | None,
+    def _remover(self, root: int, folders: dict):
+        """``remove(folder, name)``: :func:`remove_if_free` in the folder (its fd kept in
+        ``folders``, which the caller closes)."""
+        def remove(folder: str, name: str) -> bool:
+            if folder not in folders:
+                folders[folder] = self._folder(root, folder) if folder else -1
+            fd = root if not folder else folders[folder]
+            return fd is not None and remove_if_free(fd, name)
+        return remove
+
+    def _evict(self, root: int, incoming: int, keep: str | None,
                limit: int | None = None) -> list[tuple[str, int]]:
         """Delete the least recently used files nobody holds until the cache and ``incoming``
-        bytes fit ``limit`` (the cache's own by default), and every temp file of a dead
-        download, whatever the limit (one of a shard nobody asks for again would stay for
-        good).  Temp files of live downloads are not counted: in flight, not the cache's yet.
-        Returns (path, bytes) of each file deleted."""
+        bytes fit ``limit`` (the cache's own by default), every temp file of a dead download,
+        whatever the limit (one of a shard nobody asks for again would stay for good), and
+        every link or special file (never followed).  Temp files of live downloads are not
+        counted: in flight, not the cache's yet.  Returns (path, bytes) of each file deleted."""
         limit = self.limit if limit is None else limit
-        files, removed = [], []
-        for dirpath, _, names in os.walk(self.root):
-            for name in names:
-                if name == LOCK_NAME:
-                    continue
-                full = os.path.join(dirpath, name)
-                try:
-                    st = os.stat(full)
-                except FileNotFoundError:
-                    continue
-                if name.startswith("."):
-                    if ".tmp-" in name and remove_if_free(full):  # its writer died
-                        removed.append((full, st.st_size))
-                    continue
-                files.append((st.st_atime_ns, st.st_size, full))
-        used = sum(size for _, size, _ in files)
-        for _, size, full in sorted(files):
-            if used + incoming <= limit:
-                break
-            if full == keep:
-                continue
-            if remove_if_free(full):  # (one in use is never evicted)
-                used -= size
-                removed.append((full, size))
-                self.stats["evictions"] += 1
+        files, rest = listing(root, self.root)
+        folders: dict[str, int | None] = {}
+        remove, removed = self._remover(root, folders), []
+        try:
+            for folder, name, size in rest:  # (a live download's temp file is held)
+                if remove(folder, name):
+                    removed.append((os.path.join(self.root, folder, name), size))
+            used = sum(size for _, size, _, _ in files)
+            for _, size, folder, name in sorted(files):
+                if used + incoming <= limit:
+                    break
+                full = os.path.join(self.root, folder, name)
+                if full != keep and remove(folder, name):  # (one in use is never evicted)
+                    used -= size
+                    removed.append((full, size))
+                    self.stats["evictions"] += 1
+        finally:
+            for fd in folders.values():
+                if fd is not None and fd >= 0:
+                    os.close(fd)
         return removed
 
     # -- inspection -----------------------------------------------------------------------------
@@ -378,55 +393,37 @@ class ShardCache:
         """What the cache holds: all files (``files``, ``bytes``), and split into shards and
         indexes (an index is cached beside its shard, under its own name ``*.idx``)."""
         counts = {"shards": 0, "shard_bytes": 0, "indexes": 0, "index_bytes": 0}
-        for dirpath, _, names in os.walk(self.root):
-            for name in names:
-                if name != LOCK_NAME and not name.startswith("."):
-                    try:
-                        size = os.path.getsize(os.path.join(dirpath, name))
-                    except FileNotFoundError:  # evicted by another process meanwhile
-                        continue
-                    if name.endswith(fmt.INDEX_SUFFIX):
-                        counts["indexes"] += 1
-                        counts["index_bytes"] += size
-                    else:
-                        counts["shards"] += 1
-                        counts["shard_bytes"] += size
+        root = open_root(self.root)
+        try:
+            files, _ = listing(root, self.root)
+        finally:
+            os.close(root)
+        for _, size, _, name in files:
+            kind = "indexes" if name.endswith(fmt.INDEX_SUFFIX) else "shards"
+            counts[kind] += 1
+            counts["index_bytes" if kind == "indexes" else "shard_bytes"] += size
         return {"dir": self.root, "files": counts["shards"] + counts["indexes"],
                 "bytes": counts["shard_bytes"] + counts["index_bytes"], **counts,
                 "limit": self.limit}
 
     def prune(self, limit: int | None = None) -> dict:
         """Bring the cache under ``limit`` bytes (its own limit by default): delete the least
-        recently used files nobody holds, every temp file of a dead download, then empty
-        folders.  Returns ``removed`` ((path, bytes) of each deleted file), and what is left:
-        ``bytes``, ``files`` (over the limit only by files some process holds)."""
+        recently used files nobody holds, every temp file of a dead download, links, then
+        empty folders.  Returns ``removed`` ((path, bytes) of each deleted file), and what is
+        left: ``bytes``, ``files`` (over the limit only by files some process holds)."""
         self._need_write("prune it")
-        with self._global():
-            removed = self._evict(0, keep=None, limit=limit)
-            for folder in os.listdir(self.root):
-                full = os.path.join(self.root, folder)
-                if os.path.isdir(full) and not os.path.islink(full):
-                    try:
-                        os.rmdir(full)  # (only an empty one goes)
-                    except OSError:
-                        pass
+        with self._global() as root:
+            removed = self._evict(root, 0, keep=None, limit=limit)
+            remove_empty_folders(root)
         usage = self.usage()
         return {"removed": removed, "bytes": usage["bytes"], "files": usage["files"]}
 
     def clear(self) -> int:
         """Delete every cached file nobody is reading; returns how many were deleted."""
         self._need_write("clear it")
-        removed = 0
-        with self._global():
-            for dirpath, _, names in os.walk(self.root, topdown=False):
-                for name in names:
-                    if name != LOCK_NAME and remove_if_free(os.path.join(dirpath, name)):
-                        removed += 1
-                if dirpath != self.root:
-                    try:
-                        os.rmdir(dirpath)
-                    except OSError:
-                        pass
+        with self._global() as root:
+            removed = len(self._evict(root, 0, keep=None, limit=0))
+            remove_empty_folders(root)
         return removed
 
 

@@ -100,23 +100,25 @@ def _spy_writes(monkeypatch, root) -> list:
     times, stamps, deletes, renames, folders), even one whose failure is caught."""
     root, attempts = str(root), []
 
-    def under(target) -> bool:
-        if isinstance(target, int):
+    def under(target, dir_fd=None) -> bool:
+        if isinstance(target, int) or dir_fd is not None:  # (a name relative to dir_fd)
             try:
-                target = os.readlink(f"/proc/self/fd/{target}")
+                folder = os.readlink(f"/proc/self/fd/{dir_fd if dir_fd is not None else target}")
             except OSError:
                 return False
+            target = folder if isinstance(target, int) else os.path.join(folder, target)
         return os.fspath(target).startswith(root)
 
     def spy(name, real, writes=lambda *a, **k: True):
         def call(target, *args, **kwargs):
-            if under(target) and writes(*args, **kwargs):
+            where = kwargs.get("dir_fd", kwargs.get("src_dir_fd"))
+            if under(target, where) and writes(*args, **kwargs):
                 attempts.append((name, os.fspath(target) if not isinstance(target, int)
                                  else target))
             return real(target, *args, **kwargs)
         monkeypatch.setattr(os, name, call)
 
-    spy("open", os.open, lambda flags, *a, **k: bool(
+    spy("open", os.open, lambda flags=0, *a, **k: bool(
         flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC)))
     for name in ("utime", "setxattr", "unlink", "replace", "rename", "mkdir", "rmdir"):
         spy(name, getattr(os, name))
