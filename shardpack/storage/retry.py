@@ -225,9 +225,10 @@ def _gave_up(storage, what: str, name: str, last: BaseException, attempts: int, 
     if not isinstance(last, DeadlineError) and is_timeout(last):
         cause += f" (per-request timeout {storage.retry.timeout:g} s)"
     hint = None
-    if retry:  # transient, and the budget is spent: its attempts, or the deadline
-        hint = (f"gave up after {took:.1f} s and {attempts} attempts, all RetryPolicy(attempts=) "
-                f"allows: check that the server is up and reachable, or allow more attempts"
+    if retry and not isinstance(last, ShortReadError):  # the budget is spent, not the file short
+        hint = (f"gave up after {took:.1f} s and {attempts} attempts, all the retry policy "
+                f"allows: check that the server is up and reachable, or allow more: storage "
+                f"option retry_attempts"
                 if attempts == storage.retry.attempts else
                 f"gave up after {took:.1f} s at the request deadline, storage option "
                 f"request_deadline: check that the server is up and reachable, or raise it")

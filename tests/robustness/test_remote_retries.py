@@ -13,9 +13,9 @@ import shardpack
 from shardpack import ShardDataset
 from shardpack.core.errors import DatasetNotFoundError, RemoteError
 from shardpack.read.reader import DatasetReader
-from shardpack.storage import RetryPolicy, Storage
+from shardpack.storage import RetryPolicy, Storage, StorageOptionError
 
-from testbed.helpers import make_tree
+from testbed.helpers import make_tree, run_cli
 from testbed.servers import free_port
 
 N = 120  # 10 shards of 12: most of them are read after the restart
@@ -100,7 +100,8 @@ def test_refused_connection_is_retried_as_the_policy_says(tmp_path):
         text = str(info.value)
         assert text.startswith(f"{url}/") and len(text.splitlines()) == 1
         assert f"{what} failed after 4 attempt(s): ClientConnectorError: Cannot connect" in text
-        assert "all RetryPolicy(attempts=) allows: check that the server is up" in text
+        assert "and 4 attempts, all the retry policy allows: check that the server is up and " \
+               "reachable, or allow more: storage option retry_attempts)" in text
 
 
 def test_request_deadline_ends_the_retries(tmp_path):
@@ -122,3 +123,20 @@ def test_not_found_is_not_retried(local_ds, http_server):
         storage.read_bytes("no-such.tar")
     assert storage.stats["requests"] == 1 and server.requests_for("no-such.tar") == 1
     assert storage.exists("no-such.tar") is False and storage.stats["retries"] == 0
+
+
+def test_retry_attempts_storage_option(tmp_path):
+    """storage option retry_attempts (-o retry_attempts=N) sets a dataset's or the CLI's
+    attempts, where no RetryPolicy can be passed; a bad value is refused in one line."""
+    url = f"http://127.0.0.1:{free_port()}/ds"
+    storage = Storage(url, {"retry_attempts": 2}, retry=RetryPolicy(base_delay=0.01))
+    with pytest.raises(RemoteError, match=r"read failed after 2 attempt\(s\): "):
+        storage.read_bytes("shardpack.json")
+    assert storage.stats["requests"] == 2
+    result = run_cli("info", url, "-o", "retry_attempts=2", ok=None)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert "failed after 2 attempt(s): ClientConnectorError" in result.output
+    for bad in (0, -1, 1.5, "3", True):
+        with pytest.raises(StorageOptionError, match="retry_attempts must be a whole number"):
+            Storage(url, {"retry_attempts": bad})
