@@ -77,17 +77,8 @@ class HttpStorage(RemoteStorage):
         """
         if not self._own_requests:
             return super().exists(name)
-        return self._call("exists", name, self._exists, name)
-
-    def _exists(self, name: str) -> bool:
-        import aiohttp
-
-        try:  # strict: fsspec raises what it would have called "no such file"
-            return self.fs.exists(self.path(name), strict=True, **self._limit)
-        except aiohttp.ClientResponseError as exc:
-            if exc.status == 429 or exc.status >= 500:
-                raise  # retried
-            return False  # (fsspec's answer to any other status of 400 or more)
+        return self._call("exists", name, self._run,
+                          lambda fs, left: self._probe(fs, name, left))
 
     # -- the requests --------------------------------------------------------------------------
     def _run(self, make):
@@ -100,6 +91,28 @@ class HttpStorage(RemoteStorage):
             if isinstance(exc.__cause__, DeadlineError):
                 raise exc.__cause__ from None
             raise
+
+    async def _probe(self, fs, name: str, left: float) -> bool:
+        """fsspec's ``exists`` (a GET whose body is not read; a status under 400 is a file),
+        within ``left`` seconds, but a failed connection, a 5xx or a 429 raised (retried)."""
+        import aiohttp
+
+        session = await fs.set_session()
+        kw = dict(fs.kwargs)
+        kw["timeout"] = without_total(session.timeout)
+
+        async def ask() -> bool:
+            async with session.get(fs.encode_url(self.path(name)), **kw) as r:
+                if r.status == 429 or r.status >= 500:
+                    r.raise_for_status()
+                return r.status < 400
+
+        try:
+            return await asyncio.wait_for(ask(), left)
+        except asyncio.TimeoutError as exc:
+            if isinstance(exc, aiohttp.ClientError):
+                raise  # aiohttp's own per-read timeout
+            raise DeadlineError(deadline_text(self.deadline)) from None
 
     async def _get_many(self, fs, asked: list[tuple[str, int, int]], left: float) -> list[bytes]:
         gate = asyncio.Semaphore(self.RANGES_AT_ONCE)

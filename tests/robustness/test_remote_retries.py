@@ -122,7 +122,8 @@ def test_not_found_is_not_retried(local_ds, http_server):
     with pytest.raises(DatasetNotFoundError, match="file is missing"):
         storage.read_bytes("no-such.tar")
     assert storage.stats["requests"] == 1 and server.requests_for("no-such.tar") == 1
-    assert storage.exists("no-such.tar") is False and storage.stats["retries"] == 0
+    assert storage.exists("shardpack.json") is True and storage.exists("no-such.tar") is False
+    assert storage.stats["retries"] == 0
 
 
 def test_retry_attempts_storage_option(tmp_path):
