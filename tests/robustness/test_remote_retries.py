@@ -141,3 +141,22 @@ def test_retry_attempts_storage_option(tmp_path):
     for bad in (0, -1, 1.5, "3", True):
         with pytest.raises(StorageOptionError, match="retry_attempts must be a whole number"):
             Storage(url, {"retry_attempts": bad})
+
+
+def test_s3_refused_endpoint_same_policy():
+    """The same policy over s3:// (no server needed: a closed endpoint port): as many attempts
+    as over http://, the same one line, the same deadline."""
+    endpoint = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "k", "secret": "s"}
+    storage = Storage("s3://bucket/ds", endpoint,
+                      retry=RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.02))
+    with pytest.raises(RemoteError, match=r"^s3://bucket/ds/shardpack.json: read failed after 3 "
+                                          r"attempt\(s\): EndpointConnectionError: .* all the "
+                                          r"retry policy allows"):
+        storage.read_bytes("shardpack.json")
+    assert storage.stats["requests"] == 3
+    storage = Storage("s3://bucket/ds", {**endpoint, "request_deadline": 0.5},
+                      retry=RetryPolicy(attempts=100000, base_delay=0.01, max_delay=0.02))
+    with pytest.raises(RemoteError, match=r"at the request deadline, storage option "
+                                          r"request_deadline"):
+        storage.read_bytes("shardpack.json")
+    assert storage.stats["requests"] < 100000
