@@ -610,6 +610,18 @@ class NginxServer:
         self.conf_path.write_text(_NGINX_CONF.format(
             workdir=self.workdir, host=LOCALHOST, port=self.port, root=self.root,
             temp_paths=self._temp_path_lines(), extra=self.extra_config))
+        self._launch()
+
+    def restart(self, down_s: float = 0.0) -> "NginxServer":
+        """Stop nginx (its open connections are cut), leave the port closed for ``down_s``
+        seconds (connections refused), and start it again on the same port, as a server
+        restarted under its clients."""
+        self.stop()
+        time.sleep(down_s)
+        self._launch()
+        return self
+
+    def _launch(self) -> None:
         try:
             self.proc = _spawn([self.binary, "-p", f"{self.workdir}/", "-c", str(self.conf_path)],
                                self.log_path)

@@ -25,7 +25,7 @@ from shardpack import format as fmt
 from shardpack.core.errors import DatasetNotFoundError, IntegrityError
 from shardpack.storage.folders import Folders
 from shardpack.storage.options import (
-    deadline_option, flag_option, fsspec_options,
+    deadline_option, flag_option, fsspec_options, retry_option,
 )
 from shardpack.storage.retry import BadResponseError, RetryPolicy, ShortReadError
 
@@ -95,7 +95,7 @@ class Storage(Folders):
                  retry: RetryPolicy | None = None):
         self.url = os.fspath(url)
         self.storage_options = dict(storage_options or {})
-        self.retry = retry or RetryPolicy()
+        self.retry = retry_option(self.storage_options, retry)
         self.deadline = deadline_option(self.storage_options)
         self.other_hosts = flag_option(self.storage_options, "follow_redirects_to_other_hosts")
         self.protocol = fsspec.core.split_protocol(self.url)[0] or "file"

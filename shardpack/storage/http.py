@@ -20,7 +20,7 @@ import fsspec
 from shardpack import format as fmt
 from shardpack.storage.remote import RemoteStorage, cache_error
 from shardpack.storage.retry import (
-    BadResponseError, DeadlineError, RedirectRefusedError, ShortReadError,
+    BadResponseError, DeadlineError, RedirectRefusedError, ShortReadError, deadline_text, time_left,
 )
 
 
@@ -54,12 +54,12 @@ class HttpStorage(RemoteStorage):
     def _fetch(self, name: str, start: int | None, end: int | None, size: int | None) -> bytes:
         if not self._own_requests:
             return super()._fetch(name, start, end, size)
-        return self._run(lambda fs: self._get(fs, name, start, end, size=size))
+        return self._run(lambda fs, left: self._get(fs, name, start, end, left, size=size))
 
     def _fetch_ranges(self, ranges: list, asked: list) -> list[bytes]:
         if not self._own_requests:
             return super()._fetch_ranges(ranges, asked)
-        got = iter(self._run(lambda fs: self._get_many(fs, asked)))
+        got = iter(self._run(lambda fs, left: self._get_many(fs, asked, left)))
         return [next(got) if end > start else b"" for _, start, end in ranges]
 
     def _stream_to(self, name: str, dest: str, size: int) -> str | None:
@@ -67,24 +67,59 @@ class HttpStorage(RemoteStorage):
             return super()._stream_to(name, dest, size)
         return self._get_hashed(name, dest, size)  # (s3fs's get_file wants a path)
 
+    def exists(self, name: str = "") -> bool:
+        """Whether ``name`` exists (:meth:`Storage.exists`).  A server that cannot be reached is
+        retried like any request, then an error: fsspec's own answer was False, so a server
+        restarting made a dataset look missing.
+
+        Args:
+            name: a path relative to the root ("" for the root).
+        """
+        if not self._own_requests:
+            return super().exists(name)
+        return self._call("exists", name, self._run,
+                          lambda fs, left: self._probe(fs, name, left))
+
     # -- the requests --------------------------------------------------------------------------
     def _run(self, make):
-        """Run the coroutine ``make(fs)`` on the event loop thread of the fsspec filesystem
-        (whose session it uses) and wait for it."""
+        """Run the coroutine ``make(fs, seconds left of the request deadline)`` on the event
+        loop thread of the fsspec filesystem (whose session it uses) and wait for it."""
         fs = self.fs
         try:
-            return fsspec.asyn.sync(fs.loop, make, fs)
+            return fsspec.asyn.sync(fs.loop, make, fs, time_left(self.deadline))
         except fsspec.exceptions.FSTimeoutError as exc:  # how sync() reports any TimeoutError
             if isinstance(exc.__cause__, DeadlineError):
                 raise exc.__cause__ from None
             raise
 
-    async def _get_many(self, fs, asked: list[tuple[str, int, int]]) -> list[bytes]:
+    async def _probe(self, fs, name: str, left: float) -> bool:
+        """fsspec's ``exists`` (a GET whose body is not read; a status under 400 is a file),
+        within ``left`` seconds, but a failed connection, a 5xx or a 429 raised (retried)."""
+        import aiohttp
+
+        session = await fs.set_session()
+        kw = dict(fs.kwargs)
+        kw["timeout"] = without_total(session.timeout)
+
+        async def ask() -> bool:
+            async with session.get(fs.encode_url(self.path(name)), **kw) as r:
+                if r.status == 429 or r.status >= 500:
+                    r.raise_for_status()
+                return r.status < 400
+
+        try:
+            return await asyncio.wait_for(ask(), left)
+        except asyncio.TimeoutError as exc:
+            if isinstance(exc, aiohttp.ClientError):
+                raise  # aiohttp's own per-read timeout
+            raise DeadlineError(deadline_text(self.deadline)) from None
+
+    async def _get_many(self, fs, asked: list[tuple[str, int, int]], left: float) -> list[bytes]:
         gate = asyncio.Semaphore(self.RANGES_AT_ONCE)
 
         async def one(name, start, end):
             async with gate:  # (the deadline starts when the request does)
-                return await self._get(fs, name, start, end, named=True)
+                return await self._get(fs, name, start, end, left, named=True)
 
         tasks = [asyncio.ensure_future(one(*r)) for r in asked]
         try:
@@ -95,22 +130,24 @@ class HttpStorage(RemoteStorage):
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    async def _get(self, fs, name: str, start: int | None = None, end: int | None = None, *,
-                   size: int | None = None, sink=None, named: bool = False):
-        """One GET of ``name`` within the request deadline: bytes [start, end), or the whole
-        file (bounded as :meth:`read_bytes` says); into ``sink.write`` when given (then the
-        byte count is returned)."""
+    async def _get(self, fs, name: str, start: int | None = None, end: int | None = None,
+                   left: float | None = None, *, size: int | None = None, sink=None,
+                   named: bool = False):
+        """One GET of ``name`` within ``left`` seconds (what is left of the request deadline):
+        bytes [start, end), or the whole file (bounded as :meth:`read_bytes` says); into
+        ``sink.write`` when given (then the byte count is returned)."""
         import aiohttp
 
         got = [0]
         try:
             return await asyncio.wait_for(
-                self._get_body(fs, name, start, end, size, sink, named, got), self.deadline)
+                self._get_body(fs, name, start, end, size, sink, named, got),
+                self.deadline if left is None else left)
         except asyncio.TimeoutError as exc:
             if isinstance(exc, aiohttp.ClientError):
                 raise  # aiohttp's own per-read timeout
             raise DeadlineError((f"{self.display(name)}: " if named else "") +
-                                self._deadline_text(got[0])) from None
+                                deadline_text(self.deadline, got[0])) from None
 
     async def _get_body(self, fs, name, start, end, size, sink, named, got) -> bytes | int:
         ranged = start is not None
@@ -216,7 +253,8 @@ class HttpStorage(RemoteStorage):
             raise cache_error(dest, exc) from exc
         try:
             sink = HashingSink(out, dest)
-            self._run(lambda fs: self._get(fs, name, size=size, sink=sink))
+            self._run(lambda fs, left: self._get(fs, name, None, None, left, size=size,
+                                                 sink=sink))
             try:
                 out.close()  # writes what is still buffered
             except OSError as exc:

@@ -3,18 +3,20 @@ the rest), and the old positional spelling of ``storage_options=``."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import warnings
 
 from shardpack.core.errors import ShardpackError
+from shardpack.storage.retry import RetryPolicy
 
 # Seconds one request may take from start to last byte (storage option request_deadline): a
 # server that drips a byte now and then never trips the per-read timeout.  Room for a 256 MiB
 # shard at 1 MB/s.
 REQUEST_DEADLINE = 300.0
 # storage_options that are shardpack's, not fsspec's (removed before fsspec sees them)
-OWN_OPTIONS = ("request_deadline", "follow_redirects_to_other_hosts")
+OWN_OPTIONS = ("request_deadline", "retry_attempts", "follow_redirects_to_other_hosts")
 
 
 class StorageOptionError(ShardpackError, ValueError):
@@ -49,6 +51,26 @@ def deadline_option(options: dict) -> float:
         raise StorageOptionError(f"storage option request_deadline must be a number of seconds "
                                  f"over 0, not {value!r}")
     return float(value)
+
+
+def retry_option(options: dict, policy: RetryPolicy | None) -> RetryPolicy:
+    """The retry policy of remote requests: ``policy`` (default :class:`RetryPolicy`), its
+    attempts those of the storage option ``retry_attempts`` when given (a whole number of at
+    least 1, or a :class:`StorageOptionError`): how a dataset or the CLI (``-o
+    retry_attempts=10``) waits longer for a server that restarts.
+
+    Args:
+        options: the storage options.
+        policy: the policy the storage was given, if any.
+    """
+    policy = policy or RetryPolicy()
+    value = options.get("retry_attempts")
+    if value is None:
+        return policy
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise StorageOptionError(f"storage option retry_attempts must be a whole number of at "
+                                 f"least 1, not {value!r}")
+    return dataclasses.replace(policy, attempts=value)
 
 
 def fsspec_options(options: dict) -> dict:

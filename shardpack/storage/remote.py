@@ -1,12 +1,11 @@
 """Any fsspec URL that is not a file of this machine (``s3://``, ``gs://``, ``memory://``, chains):
-every request retried by the storage's :class:`~shardpack.storage.retry.RetryPolicy` and bounded
-by its deadline, whole reads bounded by the sizes the manifest records, objects written directly
+every request retried by the storage's :class:`~shardpack.storage.retry.RetryPolicy` within its
+deadline, whole reads bounded by the sizes the manifest records, objects written directly
 (an object only appears when its upload completes), copies made by the store where it can."""
 
 from __future__ import annotations
 
 import os
-import time
 import weakref
 from contextlib import contextmanager
 from typing import Iterator
@@ -20,9 +19,7 @@ from shardpack.core.errors import (
 from shardpack.storage import base
 from shardpack.storage.base import Storage
 from shardpack.storage.folders import info_mtime_ns
-from shardpack.storage.retry import (
-    DeadlineError, RedirectRefusedError, ShortReadError, classify, in_chain, is_timeout,
-)
+from shardpack.storage.retry import ShortReadError, retried_call, time_left
 
 # NOTE [async clients across fork]: fsspec's async filesystems (HTTP, S3) close their session from
 # a weakref finalizer that hands the close to the event-loop thread and waits for it, looking once
@@ -104,49 +101,15 @@ class RemoteStorage(Storage):
 
     # -- requests: retried, bounded ----------------------------------------------------------
     def _call(self, what: str, name: str, fn, *args, **kwargs):
-        """Run one request with the retry policy."""
-        last = None
-        for attempt in range(self.retry.attempts):
-            self.stats["requests"] += 1
-            started = time.monotonic()
-            try:
-                return fn(*args, **kwargs)
-            except ShardpackError:  # decided already (a local failure, a changed file)
-                raise
-            except Exception as exc:  # noqa: BLE001 - classified below
-                if is_timeout(exc) and not isinstance(exc, DeadlineError) and \
-                        time.monotonic() - started >= self.deadline:
-                    exc = DeadlineError(self._deadline_text())  # fsspec's sync(timeout=)
-                retry, after = classify(exc)
-                last = exc
-                refused = in_chain(exc, RedirectRefusedError)  # (fsspec may wrap it)
-                if refused is not None:
-                    last, retry = refused, False
-                elif isinstance(exc, FileNotFoundError):
-                    raise DatasetNotFoundError("file is missing", path=self.display(name)) \
-                        from None
-                if not retry or attempt == self.retry.attempts - 1:
-                    break
-                self.stats["retries"] += 1
-                time.sleep(self.retry.delay(attempt, after))
-        # fsspec turns every timeout into an empty FSTimeoutError: the cause has the words
-        cause = str(last) or str(last.__cause__ or "") or "no details"
-        if not isinstance(last, DeadlineError) and \
-                ("Timeout" in type(last).__name__ or isinstance(last, TimeoutError)):
-            cause += f" (per-request timeout {self.retry.timeout:g} s)"
-        raise RemoteError(f"{what} failed after {attempt + 1} attempt(s): "
-                          f"{type(last).__name__}: {cause}", path=self.display(name)) from last
-
-    def _deadline_text(self, got: int | None = None) -> str:
-        text = (f"no complete answer within the request deadline of {self.deadline:g} s "
-                f"(storage option request_deadline)")
-        return text + (f"; {got} byte(s) of the body had come" if got is not None else "")
+        """Run one request with the retry policy, within the request deadline (retry.py)."""
+        return retried_call(self, what, name, fn, args, kwargs)
 
     @property
     def _limit(self) -> dict:
         """The ``timeout`` the sync wrapper of an async fsspec method takes (it cancels the
-        request): the request deadline."""
-        return {"timeout": self.deadline} if getattr(self.fs, "async_impl", False) else {}
+        request): what is left of the request deadline."""
+        return {"timeout": time_left(self.deadline)} if getattr(self.fs, "async_impl", False) \
+            else {}
 
     # -- where things are --------------------------------------------------------------------
     def location(self, name: str = "") -> str:
