@@ -59,6 +59,7 @@ class ShardEntry:
 
 
 _shard_values = operator.itemgetter(*SHARD_KEYS)
+_index_hash = operator.attrgetter("index_hash")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +164,7 @@ class Manifest:
         covers its shard's samples (keys, sizes, hashes) in their order, so the same samples
         packed into other shards (or another order) have another identity, and a pack repeated
         byte for byte the same one; it is read from the manifest alone, no index fetched."""
-        return content_hash("\n".join(s.index_hash for s in self.shards).encode())
+        return content_hash("\n".join(map(_index_hash, self.shards)).encode())
 
     def to_dict(self) -> dict:
         """The manifest as a JSON object: ``raw``'s keys (unknown ones included, their values
