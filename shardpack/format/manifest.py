@@ -8,11 +8,13 @@ import json
 import operator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Mapping
 
 from shardpack.core.errors import FormatError
 
+from .hashing import content_hash
 from .manifest_checks import SHARD_KEYS, check_manifest, parse_manifest
 
 # The most a manifest may be: room for 10^6 shard entries (10^9 samples at 1,000 samples a shard)
@@ -57,6 +59,7 @@ class ShardEntry:
 
 
 _shard_values = operator.itemgetter(*SHARD_KEYS)
+_index_hash = operator.attrgetter("index_hash")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,15 @@ class Manifest:
         raw = self.to_dict()
         raw.pop("shards", None)
         return (_typed_manifest_with, (raw, self.shards))
+
+    @cached_property
+    def identity(self) -> str:
+        """The dataset's identity, as resume states record it (docs/reading.md, "Resume"): the
+        xxh3-128 (hex) of its shards' index hashes in shard order, one a line.  An index hash
+        covers its shard's samples (keys, sizes, hashes) in their order, so the same samples
+        packed into other shards (or another order) have another identity, and a pack repeated
+        byte for byte the same one; it is read from the manifest alone, no index fetched."""
+        return content_hash("\n".join(map(_index_hash, self.shards)).encode())
 
     def to_dict(self) -> dict:
         """The manifest as a JSON object: ``raw``'s keys (unknown ones included, their values

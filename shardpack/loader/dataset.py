@@ -24,14 +24,14 @@ from shardpack.loader.mapdataset import MapDataset, open_dataset
 from shardpack.loader.position import Counter, Position
 from shardpack.loader.shared import SharedInt
 from shardpack.loader.sources import (
-    check_fields, describe, is_mixture, open_reader, read_burst,
+    check_fields, describe, identity, is_mixture, open_reader, read_burst,
 )
 from shardpack.loader.stages import tell_epoch
 from shardpack.loader.torchenv import IterableDataset, dist, placement, settle_worker, torch
 from shardpack.order import partition
 from shardpack.order.mixing import check_saved_mix, mix_state, mix_summary
 from shardpack.order.spec import STATE_VERSION, Order, check_version, saved_unshuffled
-from shardpack.order.state import check_position, same, short
+from shardpack.order.state import check_dataset, check_position, same, short
 from shardpack.read.prefetch import NOTHING
 
 __all__ = ["STATE_VERSION", "Counter", "MapDataset", "Position", "ShardDataset", "open_dataset"]
@@ -226,8 +226,9 @@ class ShardDataset(IterableDataset):
     # -- state --------------------------------------------------------------------------------
     def state_dict(self, samples_seen: int | None = None) -> dict:
         """Where the epoch stands: the order's state form (:meth:`Order.state`), the samples an
-        epoch holds (and a mixture's sources and shares), the epoch, its resume history and,
-        inside a DataLoader worker, that worker's position.
+        epoch holds (and a mixture's sources and shares), the dataset's identity (a mixture's:
+        each source's; :attr:`Manifest.identity <shardpack.format.manifest.Manifest.identity>`),
+        the epoch, its resume history and, inside a DataLoader worker, that worker's position.
 
         Args:
             samples_seen: ``k`` (any DataLoader, called in the training process): this rank has
@@ -237,7 +238,8 @@ class ShardDataset(IterableDataset):
                 each worker): this worker's own position.
         """
         order = self.order.state()
-        base = {"version": order.pop("version"), "num_samples": self._epoch_samples(), **order}
+        base = {"version": order.pop("version"), "num_samples": self._epoch_samples(),
+                "dataset": identity(self.reader, self.path)[0], **order}
         if self._mix is not None:  # sources' sizes and shares: the order depends on them
             base.update(mix_state(*self._mix))
         epoch, history = self._current()
@@ -284,9 +286,10 @@ class ShardDataset(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration yields exactly what the saved epoch had left.  A state
-        that cannot belong to this dataset (another order version or settings, wrong types,
-        negative or impossible counts, a history longer than any run makes) is refused in one
-        line before anything is computed from it.
+        that cannot belong to this dataset (another order version or settings, another dataset
+        identity, the same samples packed otherwise included, wrong types, negative or
+        impossible counts, a history longer than any run makes) is refused in one line before
+        anything is computed from it; one saved without an identity loads, with a warning.
 
         Args:
             state: what :meth:`state_dict` returned (also through JSON), of this or an earlier
@@ -303,6 +306,7 @@ class ShardDataset(IterableDataset):
         if not same(saved, samples):
             raise ValueError(f"state was saved with num_samples={short(saved)}, this dataset "
                              f"has {samples!r}: resume needs the same dataset and order settings")
+        check_dataset(state, *identity(self.reader, self.path))
         self.order.check_saved(state)
         self._resume = {"epoch": state["epoch"], "history": [list(h) for h in state["history"]],
                         "worker": state.get("worker")}

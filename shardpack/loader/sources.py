@@ -72,6 +72,21 @@ def describe(path, reader) -> str:
     return ", ".join(str(src.path) for src in reader.sources)
 
 
+def identity(reader, path: str) -> tuple[str | list[str], list[str]]:
+    """What a resume state records of the data it was saved on (its ``dataset``): the dataset's
+    :attr:`~shardpack.format.manifest.Manifest.identity`, or a list of each source's for a
+    mixture; and the dataset's path (a list of one), or each source's, for messages.
+
+    Args:
+        reader: the dataset's reader.
+        path: the dataset's path as text.
+    """
+    if isinstance(reader, MixReader):
+        return ([r.manifest.identity for r in reader.readers],
+                [str(src.path) for src in reader.sources])
+    return reader.manifest.identity, [path]
+
+
 def check_fields(reader, fields: Sequence[str] | None, decode) -> None:
     """Refuse, in one line, ``fields`` the dataset lacks and, in a mixture, a source without
     what the decode stage or ``fields`` need.

@@ -8,6 +8,8 @@ O(len(history)), bounded by MAX_RESUMES, and says in one line what is wrong.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 MAX_RESUMES = 10_000  # steps a resume history may hold: one per resume within one epoch
@@ -99,6 +101,45 @@ def _check_worker(saved, samples: int, bad) -> None:
             and 0 <= worker < workers and batch >= 1 and 0 <= yielded <= samples):
         raise bad(f"worker position {short(saved)} is not a place in an epoch of this "
                   f"dataset")
+
+
+def check_dataset(state: dict, mine: str | list[str], paths: list[str]) -> None:
+    """Refuse, in one line naming both identities, a state saved on another dataset: its
+    ``dataset`` (a dataset's :attr:`~shardpack.format.manifest.Manifest.identity`; a mixture's,
+    one a source) must be this one's.  The same samples packed into other shards are another
+    dataset: their epochs order them otherwise, so resuming would repeat some and skip others.
+    A state saved before states recorded it loads, with a warning (docs/reading.md, "Resume").
+
+    Args:
+        state: a saved state (any values), its ``epoch`` already checked.
+        mine: this dataset's identity, or a list of each source's for a mixture.
+        paths: the dataset's path, or each source's.
+    """
+    saved = state.get("dataset")
+    if saved is None:
+        warnings.warn("shardpack: this resume state has no dataset identity (saved by an "
+                      "older shardpack), so it resumes exactly only on the very packing it was "
+                      "saved on: the same samples packed otherwise repeat some and skip others",
+                      stacklevel=3)
+        return
+    if same(saved, mine):
+        return
+    epoch = int(state["epoch"])
+    if not isinstance(mine, list):
+        what = f"dataset {short(saved)}, this one ({paths[0]}) is {mine!r}"
+    elif isinstance(saved, (list, tuple)) and len(saved) == len(mine):
+        i = next((i for i, (s, m) in enumerate(zip(saved, mine, strict=True))
+                  if not same(s, m)), None)
+        if i is None:  # (a tuple of the same identities)
+            return
+        what = (f"source {i} on dataset {short(saved[i])}, this mixture's source {i} "
+                f"({paths[i]}) is {mine[i]!r}")
+    else:
+        what = f"sources on datasets {short(saved)}, this mixture's are {short(mine)}"
+    raise ValueError(f"state was saved with {what}: the same samples packed otherwise are "
+                     f"another dataset, whose order differs; resume on the dataset the state "
+                     f"was saved on, or start epoch {epoch} afresh (set_epoch({epoch}), "
+                     f"without load_state_dict)")
 
 
 def is_int(value) -> bool:
