@@ -42,6 +42,7 @@ from shardpack.core.sizes import parse_size
 from shardpack.read.reader import open_reader
 from shardpack.storage import Storage, is_temp_name
 from shardpack.interop.unpack import check_shard_names, os_error, resolve_out
+from shardpack.write.outdir import LOCK_NAME, OutLock
 
 EXPORT_FORMATS = ("webdataset", "parquet", "files")
 MARKER_NAME = "_shardpack_export.json"  # a leading '_': pyarrow and Spark readers skip it
@@ -117,29 +118,46 @@ def export(dataset, out, *, to: str, storage_options: dict | None = None,
 def _export(reader, dataset, out, to: str, storage_options: dict | None, limit: int,
             overwrite: bool, progress: bool, summary: ExportSummary) -> ExportSummary:
     if to == "files":
-        _export_files(reader, os.fspath(dataset), os.fspath(out), storage_options, overwrite,
-                      progress, summary)
-    else:
-        storage = Storage(out, storage_options)
-        local = storage.local_path()
-        if local is not None:
-            resolve_out(local)  # refuses a link to nothing or to a file; follows the rest
-        made = _prepare(storage, overwrite)
-        int_cls = "cls" in reader.fields
-        while True:
-            try:
-                _export_shards(reader, storage, to, limit, int_cls, progress, summary)
-                break
-            except _NotInteger:  # everything written was removed: start over, cls as binary
-                int_cls = False
-                summary = ExportSummary(out=summary.out, to=to)
-            except BaseException:
-                if made:  # a failed export leaves no empty OUT behind that it made itself
-                    with contextlib.suppress(Exception):
-                        storage.fs.rmdir(storage.root)
-                raise
-        if to == "parquet" and "cls" in reader.fields and not int_cls:
-            summary.notes.append("field 'cls' is not always an ASCII integer: exported as binary")
+        if Storage(out, storage_options).local_path() is None:  # unpack writes local files
+            raise ShardpackError("--to files writes a local folder", path=os.fspath(out),
+                                 hint="export to webdataset or parquet for remote storage")
+        out = resolve_out(out)  # a symbolic link OUT: its folder is the one replaced
+    storage = Storage(out, storage_options)
+    local = storage.local_path()
+    if local is not None:
+        resolve_out(local)  # refuses a link to nothing or to a file; follows the rest
+    existed = storage.exists()
+    try:
+        # pack's lock: one writer at a time per OUT, whatever each writes (docs/convert.md)
+        with OutLock(storage, remove=True):
+            if to == "files":
+                _export_files(reader, os.fspath(dataset), out, storage_options, overwrite,
+                              progress, summary)
+            else:
+                summary = _export_formats(reader, storage, to, limit, overwrite, progress,
+                                          summary)
+    except BaseException:
+        if not existed:  # a failed export leaves no empty OUT behind that it made itself
+            with contextlib.suppress(Exception):
+                storage.fs.rmdir(storage.root)
+        raise
+    return summary
+
+
+def _export_formats(reader, storage: Storage, to: str, limit: int, overwrite: bool,
+                    progress: bool, summary: ExportSummary) -> ExportSummary:
+    """``webdataset`` or ``parquet``, under OUT's lock."""
+    _prepare(storage, overwrite)
+    int_cls = "cls" in reader.fields
+    while True:
+        try:
+            _export_shards(reader, storage, to, limit, int_cls, progress, summary)
+            break
+        except _NotInteger:  # everything written was removed: start over, cls as binary
+            int_cls = False
+            summary = ExportSummary(out=summary.out, to=to)
+    if to == "parquet" and "cls" in reader.fields and not int_cls:
+        summary.notes.append("field 'cls' is not always an ASCII integer: exported as binary")
     return summary
 
 
@@ -202,12 +220,11 @@ def cls_value(data: bytes) -> int:
     return value
 
 
-def _prepare(storage: Storage, overwrite: bool) -> bool:
-    """Make OUT ready for an export; whether it made the folder (then a failure removes it)."""
-    existed = storage.exists()
-    if existed and not storage.fs.isdir(storage.root):
+def _prepare(storage: Storage, overwrite: bool) -> None:
+    """Make OUT ready for an export (its lock held)."""
+    if storage.exists() and not storage.fs.isdir(storage.root):
         raise ShardpackError("output exists and is not a folder", path=storage.url)
-    names = [n for n in storage.listdir() if not is_temp_name(n)]
+    names = [n for n in storage.listdir() if not is_temp_name(n) and n != LOCK_NAME]
     if names and not overwrite:
         raise ShardpackError("output folder is not empty", path=storage.url,
                              hint="choose a new folder, or pass --overwrite to replace an "
@@ -222,20 +239,16 @@ def _prepare(storage: Storage, overwrite: bool) -> bool:
     storage.remove(MARKER_NAME)  # un-publish first, then clear
     for name in names:
         storage.remove(name)
-    return not existed
 
 
 def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
                   overwrite: bool, progress: bool, summary: ExportSummary) -> None:
-    from shardpack.interop.unpack import remove_stale, unpack, unpack_replacing
+    """``files``, under OUT's lock (``out`` resolved, local)."""
+    from shardpack.interop.unpack import remove_stale, unpack_replacing
 
-    target = Storage(out, storage_options)
-    if target.local_path() is None:  # unpack writes a tree of files of this machine
-        raise ShardpackError("--to files writes a local folder", path=out,
-                             hint="export to webdataset or parquet for remote storage")
-    out = resolve_out(out)  # a symbolic link OUT: its folder is the one replaced
     remove_stale(out)  # before any refusal: a killed run's leftovers go whatever this run does
-    busy = os.path.lexists(out) and (not os.path.isdir(out) or bool(os.listdir(out)))
+    busy = os.path.lexists(out) and (not os.path.isdir(out) or any(
+        name != LOCK_NAME for name in os.listdir(out)))
     if busy and not overwrite:
         raise ShardpackError("output exists and is not an empty folder", path=out,
                              hint="choose a new folder, or pass --overwrite to replace it")
@@ -248,10 +261,11 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
         index = reader.index(shard)
         summary.samples += index.num_samples
         summary.bytes += int(index.entry_sizes.sum())
-    # both build the tree in one hidden work folder beside OUT, which a killed run leaves behind
-    # and the next run removes (shardpack/interop/unpack.py, docs/packing.md)
-    run = unpack_replacing if busy else unpack
-    summary.files = run(dataset, out, storage_options=storage_options, progress=progress)
+    # the tree is built in one hidden work folder beside OUT, which a killed run leaves behind
+    # and the next run removes (shardpack/interop/unpack.py, docs/packing.md), then swapped in
+    # for OUT, which holds at least the lock file by now (it goes with the old OUT)
+    summary.files = unpack_replacing(dataset, out, storage_options=storage_options,
+                                     progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------
