@@ -95,7 +95,7 @@ def test_what_a_webdataset_user_gets(dotted, tmp_path):
     urls = [str(p) for p in sorted((tmp_path / "wds").glob("*.tar"))]
     got = list(wds.WebDataset(urls, shardshuffle=False))
     assert len(got) == len(expected)  # one sample per key: no key was split at its dots
-    for theirs, ours in zip(got, expected):
+    for theirs, ours in zip(got, expected, strict=True):
         head, _, last = theirs["__key__"].rpartition("/")
         assert "." not in last
         assert f"{head}/{urllib.parse.unquote(last)}" == ours["__key__"]
