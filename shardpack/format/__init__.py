@@ -51,7 +51,8 @@ from .records import (
 from .shardcodec import ShardCodec
 from .tar import (
     OCTAL_SIZE_LIMIT, PAX_NAME, TAR_BLOCK, TAR_END, TAR_MODE, TAR_MTIME, TarMember, parse_pax,
-    parse_tar_header, parse_tar_member, tar_header, tar_member_name, tar_padding, ustar_block,
+    parse_tar_header, parse_tar_member, tar_header, tar_member_name, tar_padding,
+    unescape_key_part, ustar_block,
 )
 from .tarcodec import TarCodec
 
@@ -71,7 +72,7 @@ __all__ = [
     # tar
     "OCTAL_SIZE_LIMIT", "PAX_NAME", "TAR_BLOCK", "TAR_END", "TAR_MODE", "TAR_MTIME", "TarMember",
     "parse_pax", "parse_tar_header", "parse_tar_member", "tar_header", "tar_member_name",
-    "tar_padding", "ustar_block",
+    "tar_padding", "unescape_key_part", "ustar_block",
     # msgpack records
     "FLAG_ZSTD", "MAX_EXPANSION", "MSGPACK_HEADER", "MSGPACK_MAGIC", "RECORD_HEADER",
     "RECORD_HEADER_DTYPE", "check_msgpack_file_header", "decode_payload", "encode_payload",

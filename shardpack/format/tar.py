@@ -4,6 +4,7 @@ any member type and reports it, so callers refuse what is not a regular file."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from shardpack.core.errors import FormatError
@@ -40,6 +41,21 @@ def tar_member_name(key: str, field: str) -> str:
     if "." in last or "%" in last:
         last = last.replace("%", "%25").replace(".", "%2E")
     return f"{head}{slash}{last}.{field}"
+
+
+_ESCAPED = re.compile("%(25|2E)")
+
+
+def unescape_key_part(part: str) -> str:
+    """The inverse of :func:`tar_member_name`'s escape, for the last part of a key (the member
+    name's file name up to its first dot): ``IMG_2019%2E01%2E05`` -> ``IMG_2019.01.05``.  Only
+    for names known to be written with that escape (``convert`` of a ``shardpack export``,
+    docs/convert.md): another writer's literal ``%2E`` is a name of its own.
+
+    Args:
+        part: the escaped last part of the key.
+    """
+    return _ESCAPED.sub(lambda m: "%" if m.group(1) == "25" else ".", part)
 
 
 def _ustar_template(typeflag: bytes) -> tuple[bytes, bytes, int]:

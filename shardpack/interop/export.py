@@ -4,8 +4,10 @@ Layouts (docs/convert.md):
 
 * ``webdataset``: ``OUT/shard-000000.tar``, ... holding members ``<key>.<field>`` in sample order,
   fields sorted, deterministic headers (:func:`shardpack.format.tar_header`); a shard ends before
-  the sample that would take it past ``shard_size`` (a larger sample goes alone).
-  ``webdataset.WebDataset(urls)`` reads the samples back identically;
+  the sample that would take it past ``shard_size`` (a larger sample goes alone).  Member names
+  are :func:`shardpack.format.tar_member_name`'s: ``webdataset.WebDataset(urls)`` gives a key with
+  a '.' in its last part escaped and field names lower-cased (notes say so), ``convert`` of OUT
+  gives back the dataset exactly (it reads :data:`MARKER_NAME`, :func:`read_marker`);
 * ``parquet``: ``OUT/part-00000.parquet``, ... with a string column ``__key__`` and one binary
   column per field (null where a sample lacks the field); ``cls`` is int64 when every value is a
   canonical ASCII integer (else binary).  Row groups of about ROW_GROUP_BYTES; a file ends at
@@ -13,7 +15,9 @@ Layouts (docs/convert.md):
   Hugging Face ``ClassLabel`` feature of ``cls`` and as ``shardpack`` metadata;
 * ``files``: ``OUT/<key>.<field>`` through :func:`shardpack.interop.unpack.unpack` (local OUT only).
 
-Publishing: OUT must be missing or empty unless ``overwrite`` (which un-publishes and removes an
+Publishing: OUT's lock is held throughout (pack's :class:`~shardpack.write.outdir.OutLock`: one
+run at a time per OUT), its file removed at the end when this run made it.  OUT must be missing or
+empty unless ``overwrite`` (which un-publishes and removes an
 earlier export there, and refuses a folder holding anything else).  Every tar or Parquet file is
 written atomically, then :data:`MARKER_NAME` last: it is the commit point.  On an error the files
 of the run are removed, so OUT holds no partial export.  ``files`` builds the tree in a hidden
@@ -37,11 +41,12 @@ import time
 from dataclasses import dataclass, field
 
 from shardpack import format as fmt
-from shardpack.core.errors import RESUME, FileSystemError, PackError, ShardpackError
+from shardpack.core.errors import RESUME, FileSystemError, PackError, ShardpackError, SourceError
 from shardpack.core.sizes import parse_size
 from shardpack.read.reader import open_reader
 from shardpack.storage import Storage, is_temp_name
 from shardpack.interop.unpack import check_shard_names, os_error, resolve_out
+from shardpack.write.outdir import LOCK_NAME, OutLock
 
 EXPORT_FORMATS = ("webdataset", "parquet", "files")
 MARKER_NAME = "_shardpack_export.json"  # a leading '_': pyarrow and Spark readers skip it
@@ -50,6 +55,9 @@ ROW_GROUP_ROWS = 10_000
 _OURS = re.compile(r"shard-\d{6}\.tar|part-\d{5}\.parquet|" + re.escape(MARKER_NAME))
 _CANONICAL_INT = re.compile(rb"-?(?:0|[1-9][0-9]{0,18})")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+MARKER_MAX_BYTES = 64 << 20  # one name per file written: a marker is far smaller
+_FOREIGN_MARKER = (f"remove {MARKER_NAME} to read the tars as any other writer's (escaped "
+                   "keys then stay escaped)")
 
 
 @dataclass
@@ -117,29 +125,46 @@ def export(dataset, out, *, to: str, storage_options: dict | None = None,
 def _export(reader, dataset, out, to: str, storage_options: dict | None, limit: int,
             overwrite: bool, progress: bool, summary: ExportSummary) -> ExportSummary:
     if to == "files":
-        _export_files(reader, os.fspath(dataset), os.fspath(out), storage_options, overwrite,
-                      progress, summary)
-    else:
-        storage = Storage(out, storage_options)
-        local = storage.local_path()
-        if local is not None:
-            resolve_out(local)  # refuses a link to nothing or to a file; follows the rest
-        made = _prepare(storage, overwrite)
-        int_cls = "cls" in reader.fields
-        while True:
-            try:
-                _export_shards(reader, storage, to, limit, int_cls, progress, summary)
-                break
-            except _NotInteger:  # everything written was removed: start over, cls as binary
-                int_cls = False
-                summary = ExportSummary(out=summary.out, to=to)
-            except BaseException:
-                if made:  # a failed export leaves no empty OUT behind that it made itself
-                    with contextlib.suppress(Exception):
-                        storage.fs.rmdir(storage.root)
-                raise
-        if to == "parquet" and "cls" in reader.fields and not int_cls:
-            summary.notes.append("field 'cls' is not always an ASCII integer: exported as binary")
+        if Storage(out, storage_options).local_path() is None:  # unpack writes local files
+            raise ShardpackError("--to files writes a local folder", path=os.fspath(out),
+                                 hint="export to webdataset or parquet for remote storage")
+        out = resolve_out(out)  # a symbolic link OUT: its folder is the one replaced
+    storage = Storage(out, storage_options)
+    local = storage.local_path()
+    if local is not None:
+        resolve_out(local)  # refuses a link to nothing or to a file; follows the rest
+    existed = storage.exists()
+    try:
+        # pack's lock: one writer at a time per OUT, whatever each writes (docs/convert.md)
+        with OutLock(storage, remove=True):
+            if to == "files":
+                _export_files(reader, os.fspath(dataset), out, storage_options, overwrite,
+                              progress, summary)
+            else:
+                summary = _export_formats(reader, storage, to, limit, overwrite, progress,
+                                          summary)
+    except BaseException:
+        if not existed:  # a failed export leaves no empty OUT behind that it made itself
+            with contextlib.suppress(Exception):
+                storage.fs.rmdir(storage.root)
+        raise
+    return summary
+
+
+def _export_formats(reader, storage: Storage, to: str, limit: int, overwrite: bool,
+                    progress: bool, summary: ExportSummary) -> ExportSummary:
+    """``webdataset`` or ``parquet``, under OUT's lock."""
+    _prepare(storage, overwrite)
+    int_cls = "cls" in reader.fields
+    while True:
+        try:
+            _export_shards(reader, storage, to, limit, int_cls, progress, summary)
+            break
+        except _NotInteger:  # everything written was removed: start over, cls as binary
+            int_cls = False
+            summary = ExportSummary(out=summary.out, to=to)
+    if to == "parquet" and "cls" in reader.fields and not int_cls:
+        summary.notes.append("field 'cls' is not always an ASCII integer: exported as binary")
     return summary
 
 
@@ -202,12 +227,42 @@ def cls_value(data: bytes) -> int:
     return value
 
 
-def _prepare(storage: Storage, overwrite: bool) -> bool:
-    """Make OUT ready for an export; whether it made the folder (then a failure removes it)."""
-    existed = storage.exists()
-    if existed and not storage.fs.isdir(storage.root):
+def read_marker(storage: Storage) -> dict | None:
+    """The export marker (:data:`MARKER_NAME`) of the folder ``storage``, checked; None where
+    there is none.  ``convert`` reads it to undo the escape of the member names in the tars it
+    lists (docs/convert.md); one that is not an export's marker is an error naming it.
+
+    Args:
+        storage: the folder.
+    """
+    if not storage.exists(MARKER_NAME):
+        return None
+    shown = storage.display(MARKER_NAME)
+    size = storage.size(MARKER_NAME)
+    if size > MARKER_MAX_BYTES:
+        raise SourceError(f"{MARKER_NAME} is {size:,} bytes, more than an export marker holds",
+                          path=shown, hint=_FOREIGN_MARKER)
+    try:
+        marker = json.loads(storage.read_bytes(MARKER_NAME, size=size))
+    except (ValueError, RecursionError):
+        marker = None
+    if not (isinstance(marker, dict) and marker.get("format") == "shardpack-export"
+            and isinstance(marker.get("to"), str) and _strings(marker.get("files"))
+            and (marker.get("classes") is None or _strings(marker["classes"]))):
+        raise SourceError("not the marker shardpack export writes (damaged or edited)",
+                          path=shown, hint=_FOREIGN_MARKER)
+    return marker
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _prepare(storage: Storage, overwrite: bool) -> None:
+    """Make OUT ready for an export (its lock held)."""
+    if storage.exists() and not storage.fs.isdir(storage.root):
         raise ShardpackError("output exists and is not a folder", path=storage.url)
-    names = [n for n in storage.listdir() if not is_temp_name(n)]
+    names = [n for n in storage.listdir() if not is_temp_name(n) and n != LOCK_NAME]
     if names and not overwrite:
         raise ShardpackError("output folder is not empty", path=storage.url,
                              hint="choose a new folder, or pass --overwrite to replace an "
@@ -222,20 +277,16 @@ def _prepare(storage: Storage, overwrite: bool) -> bool:
     storage.remove(MARKER_NAME)  # un-publish first, then clear
     for name in names:
         storage.remove(name)
-    return not existed
 
 
 def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
                   overwrite: bool, progress: bool, summary: ExportSummary) -> None:
-    from shardpack.interop.unpack import remove_stale, unpack, unpack_replacing
+    """``files``, under OUT's lock (``out`` resolved, local)."""
+    from shardpack.interop.unpack import remove_stale, unpack_replacing
 
-    target = Storage(out, storage_options)
-    if target.local_path() is None:  # unpack writes a tree of files of this machine
-        raise ShardpackError("--to files writes a local folder", path=out,
-                             hint="export to webdataset or parquet for remote storage")
-    out = resolve_out(out)  # a symbolic link OUT: its folder is the one replaced
     remove_stale(out)  # before any refusal: a killed run's leftovers go whatever this run does
-    busy = os.path.lexists(out) and (not os.path.isdir(out) or bool(os.listdir(out)))
+    busy = os.path.lexists(out) and (not os.path.isdir(out) or any(
+        name != LOCK_NAME for name in os.listdir(out)))
     if busy and not overwrite:
         raise ShardpackError("output exists and is not an empty folder", path=out,
                              hint="choose a new folder, or pass --overwrite to replace it")
@@ -248,10 +299,11 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
         index = reader.index(shard)
         summary.samples += index.num_samples
         summary.bytes += int(index.entry_sizes.sum())
-    # both build the tree in one hidden work folder beside OUT, which a killed run leaves behind
-    # and the next run removes (shardpack/interop/unpack.py, docs/packing.md)
-    run = unpack_replacing if busy else unpack
-    summary.files = run(dataset, out, storage_options=storage_options, progress=progress)
+    # the tree is built in one hidden work folder beside OUT, which a killed run leaves behind
+    # and the next run removes (shardpack/interop/unpack.py, docs/packing.md), then swapped in
+    # for OUT, which holds at least the lock file by now (it goes with the old OUT)
+    summary.files = unpack_replacing(dataset, out, storage_options=storage_options,
+                                     progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,8 +312,8 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
 
 def _write_tar_shards(reader, samples, storage: Storage, limit: int, written: list,
                       summary: ExportSummary) -> None:
-    upper = set()
-    pending = _next_record(reader, samples, upper)
+    seen = _Renamed()
+    pending = _next_record(samples, seen)
     while pending is not None:
         name = f"shard-{len(written):06d}.tar"
         with storage.open_atomic(name) as f:
@@ -270,27 +322,52 @@ def _write_tar_shards(reader, samples, storage: Storage, limit: int, written: li
                                                > limit):
                 f.write(pending)
                 size += len(pending)
-                pending = _next_record(reader, samples, upper)
+                pending = _next_record(samples, seen)
             f.write(fmt.TAR_END)
         written.append(name)
-    if upper:
-        summary.notes.append(f"fields with upper-case letters ({', '.join(sorted(upper))}): "
-                             "webdataset.WebDataset lower-cases field names by default")
+    summary.notes += seen.notes()
 
 
-def _next_record(reader, samples, upper: set) -> bytes | None:
+@dataclass
+class _Renamed:
+    """What a ``webdataset.WebDataset`` reader gets otherwise than shardpack (docs/convert.md)."""
+
+    escaped: int = 0                          # keys with '.' or '%' in their last part
+    upper: set = field(default_factory=set)   # field names with upper-case letters
+    clashes: int = 0                          # samples with fields that differ only in case
+
+    def notes(self) -> list[str]:
+        """The summary's notes about them."""
+        notes = []
+        if self.escaped:
+            notes.append(f"{self.escaped:,} keys have '.' or '%' in their last part: the member "
+                         "names escape them (%2E, %25), webdataset.WebDataset gives the escaped "
+                         "keys, shardpack convert of OUT the keys as they were")
+        if self.upper:
+            notes.append(f"fields with upper-case letters ({', '.join(sorted(self.upper))}): "
+                         "webdataset.WebDataset gives them lower-cased, shardpack convert as "
+                         "they are")
+        if self.clashes:
+            notes.append(f"{self.clashes:,} samples hold fields whose names differ only in case: "
+                         "webdataset.WebDataset refuses them (duplicate file name)")
+        return notes
+
+
+def _next_record(samples, seen: _Renamed) -> bytes | None:
     """The tar members of the next sample, or None at the end."""
     item = next(samples, None)
     if item is None:
         return None
     shard, sample = item
     key = sample[fmt.KEY_FIELD]  # (safe: _samples checked it)
+    last = key.rpartition("/")[2]
+    seen.escaped += "." in last or "%" in last
+    names = [name for name in sample if name != fmt.KEY_FIELD]
+    seen.upper.update(name for name in names if name != name.lower())
+    seen.clashes += len({name.lower() for name in names}) < len(names)
     parts = []
-    for name, data in sample.items():
-        if name == fmt.KEY_FIELD:
-            continue
-        if name != name.lower():
-            upper.add(name)
+    for name in names:
+        data = sample[name]
         parts += [fmt.tar_header(fmt.tar_member_name(key, name), len(data)), data,
                   bytes(fmt.tar_padding(len(data)))]
     return b"".join(parts)

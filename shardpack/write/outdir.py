@@ -1,7 +1,8 @@
-"""The OUT folder of a writer (``pack``, ``convert``, ``merge``): one writer at a time, which files
-are shardpack's, and clearing them for ``--overwrite``.
+"""The OUT folder of a writer (``pack``, ``convert``, ``merge``, ``export``): one writer at a
+time, which files are shardpack's, and clearing them for ``--overwrite``.
 
-Shared by pack.py and merge.py so that both take the same lock and recognise the same files.
+Shared by pack.py, merge.py and export.py so that all take the same lock, and by the first two to
+recognise the same files.
 """
 
 from __future__ import annotations
@@ -18,20 +19,43 @@ STATE_NAME = fmt.STATE_NAME  # options of a pack in progress; removed at commit
 
 class OutLock:
     """One writer at a time per OUT: an exclusive ``flock`` on OUT/.shardpack-lock (local OUT),
-    held for the whole pack, convert or merge.  The kernel drops it when the process dies, so a
-    killed writer never leaves a stale lock.  A file opened for writing, not the folder, so that
-    NFS (which emulates flock with fcntl locks) can lock it too.  Forked children close their
+    held for the whole pack, convert, merge or export.  The kernel drops it when the process dies,
+    so a killed writer never leaves a stale lock.  A file opened for writing, not the folder, so
+    that NFS (which emulates flock with fcntl locks) can lock it too.  Forked children close their
     copy at once (os.register_at_fork below): a pool worker, ours or a caller's, must not hold
-    it.  Remote OUT (s3://, ...) has no such lock: docs/packing.md says so."""
+    it.  Remote OUT (s3://, ...) has no such lock: docs/packing.md says so.
+
+    ``remove``: the lock file goes when the lock is released, if this run made it (``export``:
+    its OUT is for other tools).  Safe because every taker checks, once it holds the lock, that
+    the file it locked is still the one named OUT/.shardpack-lock, and locks again if not."""
 
     held: set[int] = set()
 
-    def __init__(self, storage: Storage):
-        self.storage, self.fd = storage, None
+    def __init__(self, storage: Storage, *, remove: bool = False):
+        self.storage, self.fd, self.remove, self.made = storage, None, remove, False
+        local = storage.local_path()
+        self.path = None if local is None else os.path.join(local, LOCK_NAME)
 
     def __enter__(self):
+        for _ in range(_RELOCKS):
+            fd = self._lock()
+            if fd is None or self.path is None or _same_file(fd, self.path):
+                break
+            os.close(fd)  # its holder removed the file as it ended: lock the one there now
+        else:
+            raise PackError("the lock file keeps being removed by other runs",
+                            path=self.storage.url, hint="run again")
+        if fd is not None:
+            self.fd = fd
+            self.held.add(fd)
+        return self
+
+    def _lock(self) -> int | None:
+        """An fd of the lock file, locked (or where files cannot be locked, unlocked); None where
+        there is no lock file (object stores)."""
         import fcntl
 
+        self.made = self.path is not None and not os.path.lexists(self.path)
         try:
             fd = self.storage.lock_file(LOCK_NAME)
         except FileExistsError:
@@ -40,26 +64,42 @@ class OutLock:
         except OSError as exc:
             raise PackError(f"cannot use the output folder: {exc.strerror}",
                             path=self.storage.url) from None
-        if fd is None:  # files here cannot be locked (object stores)
-            return self
+        if fd is None:
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise PackError("another pack or convert is writing into this folder right now "
-                            "(or a merge)", path=self.storage.url,
+            raise PackError("another shardpack run (pack, convert, merge or export) is writing "
+                            "into this folder right now", path=self.storage.url,
                             hint="wait for it to finish, or choose another folder") from None
         except OSError:  # no lock support here (ENOLCK): write unguarded, as for remote OUT
             pass
-        self.fd = fd
-        self.held.add(fd)
-        return self
+        return fd
 
     def __exit__(self, *exc) -> None:
         if self.fd is not None:
+            if self.remove and self.made and _same_file(self.fd, self.path):
+                try:
+                    os.unlink(self.path)  # before the lock is released (class docstring)
+                except OSError:
+                    pass
             self.held.discard(self.fd)
             os.close(self.fd)  # closing the descriptor releases the lock
             self.fd = None
+
+
+_RELOCKS = 100  # each retry follows a whole run that took and removed the lock: never reached
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        there = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    here = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _close_held_locks() -> None:

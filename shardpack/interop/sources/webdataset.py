@@ -37,19 +37,38 @@ class WebDatasetSource(ContainerSource):
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
         """``(key, fields, where)`` of each sample of each tar, in file and member order."""
         self.directories = 0
+        exported = self._exported()
         for name in self.files():
             shown = self.storage.display(name)
             if name.endswith(".tar"):
                 members = self._scan(name, shown)
             else:
                 members = self._stream(name, shown)
-            yield from self._group(members, shown)
+            yield from self._group(members, shown, name in exported)
         if self.directories:
             self.note(f"{self.directories} directory entries in the tar files were ignored "
                       "(they hold no data)")
 
-    def _group(self, members, shown: str):
-        """(member name, kind, field maker) -> (key, fields, where) of consecutive members."""
+    def _exported(self) -> frozenset[str]:
+        """The tar files here that ``shardpack export`` wrote, as its marker lists them: the
+        escape in their member names is undone and its class names are the manifest's, so that
+        export and convert give back the same dataset (docs/convert.md)."""
+        from shardpack.interop.export import MARKER_NAME, read_marker
+
+        marker = read_marker(self.storage)
+        if marker is None or marker["to"] != "webdataset":
+            return frozenset()
+        exported = frozenset(marker["files"]).intersection(self.files())
+        if exported:
+            self.report.classes = marker["classes"]
+            self.note(f"{len(exported)} tar files written by shardpack export ({MARKER_NAME}): "
+                      "keys unescaped, class names restored")
+        return exported
+
+    def _group(self, members, shown: str, exported: bool = False):
+        """(member name, kind, field maker) -> (key, fields, where) of consecutive members.
+        Field names keep their case (webdataset lowercases them: docs/convert.md, "Export");
+        ``exported``: the names carry shardpack's escape (format.tar_member_name)."""
         key, fields, where = None, [], shown
         for member_name, kind, make in members:
             member_where = f"{shown}: member {member_name!r}"
@@ -73,6 +92,8 @@ class WebDatasetSource(ContainerSource):
                 self.bad(member_where, "member name has no extension (no field name)",
                          "bad-name")
                 continue
+            if exported:
+                stem = fmt.unescape_key_part(stem)
             member_key = member_name[:len(member_name) - len(base)] + stem
             if member_key != key:
                 if fields:
