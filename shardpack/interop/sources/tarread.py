@@ -37,6 +37,12 @@ def decompression_cap(compressed: int) -> int:
     return max(EXPANSION_FLOOR, MAX_EXPANSION * compressed)
 
 
+def cap_text(cap: int) -> str:
+    """How a refusal at the decompression cap ``cap`` explains it."""
+    return (f"the cap of {cap} bytes: refused (at most {MAX_EXPANSION}x the compressed size, or "
+            f"{EXPANSION_FLOOR >> 20} MiB)")
+
+
 class CapExceeded(Exception):
     """The decompressed stream went past its cap."""
 

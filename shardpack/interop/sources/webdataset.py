@@ -22,10 +22,10 @@ from shardpack import format as fmt
 from shardpack.core.errors import FormatError, SourceError
 from shardpack.write.samples import SourceField, value_field
 from shardpack.interop.sources.base import ContainerSource
-from shardpack.interop.sources.common import EXPANSION_FLOOR, MAX_EXPANSION, ByteRanges
-from shardpack.interop.sources.tarread import (CapExceeded, GzipTar, check_member_size,
-                                               compression_of, decompression_cap, read_member,
-                                               sparse_member)
+from shardpack.interop.sources.common import ByteRanges
+from shardpack.interop.sources.tarread import (CapExceeded, GzipTar, cap_text,
+                                               check_member_size, compression_of,
+                                               decompression_cap, read_member, sparse_member)
 
 SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
@@ -139,9 +139,7 @@ class WebDatasetSource(ContainerSource):
                 raise
             except CapExceeded:
                 raise SourceError(f"{_nth(count, last)}: the tar decompresses to more than "
-                                  f"{cap} bytes: refused (at most {MAX_EXPANSION}x the "
-                                  f"compressed size, or {EXPANSION_FLOOR >> 20} MiB)",
-                                  path=shown) from None
+                                  f"{cap_text(cap)}", path=shown) from None
             except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, UnicodeError,
                     OverflowError, struct.error) as exc:
                 raise SourceError(f"{_nth(count, last)}: not a readable compressed tar: "
@@ -203,9 +201,7 @@ def _stream_kind(m: tarfile.TarInfo, tf: tarfile.TarFile, cap: int, nth: str,
                           "is not a non-negative integer", path=shown)
     if tf.offset > cap:  # where its data ends in the decompressed tar
         raise SourceError(f"tar member {m.name!r} ends at byte {tf.offset} of the "
-                          f"decompressed tar, past the cap of {cap} bytes: refused (at most "
-                          f"{MAX_EXPANSION}x the compressed size, or {EXPANSION_FLOOR >> 20} "
-                          "MiB)", path=shown)
+                          f"decompressed tar, past {cap_text(cap)}", path=shown)
     kind = ("file" if m.isreg() else "directory" if m.isdir()
             else "link" if m.issym() or m.islnk() else "special file")
     if kind == "file":
