@@ -284,3 +284,45 @@ def test_the_decompression_cap_stops_a_stream_between_members(tmp_path, monkeypa
     assert not (tmp_path / "out" / fmt.MANIFEST_NAME).exists()
     monkeypatch.setattr(tarread, "EXPANSION_FLOOR", len(raw))  # the whole tar fits: read
     assert convert(archive, tmp_path / "out2", workers=1).samples == 40
+
+
+def _gnu_sparse_header(name: bytes, stored: int, realsize: int, extended: bool) -> bytes:
+    """An old GNU sparse (type ``S``) header block: one segment of ``stored`` bytes at 0."""
+    block = bytearray(512)
+    block[:len(name)] = name
+    block[100:108] = b"0000644\0"
+    block[124:136] = b"%011o\0" % stored
+    block[156:157] = b"S"
+    block[257:265] = b"ustar  \0"
+    block[386:410] = b"%011o\0" % 0 + b"%011o\0" % stored
+    block[482] = int(extended)
+    block[483:495] = b"%011o\0" % realsize
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
+def test_endless_sparse_headers_are_refused(tmp_path, suffix):
+    """Old GNU sparse extension blocks that never end (3,000 of them, 1.5 MB, each saying
+    another follows): tarfile would read them all into memory; refused past 1 MiB."""
+    ext = bytearray(512)
+    ext[504] = 1
+    raw = (_gnu_sparse_header(b"k.bin", 512, 4096, True) + bytes(ext) * 3000
+           + bytes(512) + bytes(1024))
+    archive = tmp_path / f"s{suffix}"
+    archive.write_bytes(gzip.compress(raw, mtime=0) if suffix == ".tar.gz" else raw)
+    with pytest.raises(SourceError, match=r"its headers \(pax records, GNU long names, sparse "
+                                          r"map\) run over 1 MiB: refused"):
+        convert(archive, tmp_path / "out", workers=1)
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
+def test_a_short_sparse_header_is_one_error(tmp_path, suffix):
+    """An old GNU sparse header that says an extension block follows, at the end of the file:
+    one SourceError (tarfile itself raised IndexError)."""
+    raw = _gnu_sparse_header(b"k.bin", 0, 4096, True)
+    archive = tmp_path / f"s{suffix}"
+    archive.write_bytes(gzip.compress(raw, mtime=0) if suffix == ".tar.gz" else raw)
+    with pytest.raises(SourceError, match=r"s\.tar(\.gz)?: "):
+        convert(archive, tmp_path / "out", workers=1)

@@ -8,13 +8,16 @@ size (docs/convert.md, "WebDataset").
 from __future__ import annotations
 
 import gzip
+import struct
 import tarfile
+import zlib
 
 from shardpack.core.errors import SourceError
 from shardpack.interop.sources.common import EXPANSION_FLOOR, MAX_EXPANSION
 
 MAX_INLINE_MEMBER = 1 << 30  # a member carried inline is held whole: the cap on that memory
 CHUNK = 1 << 20  # a member's bytes are read in pieces of this size into its buffer
+HEADER_LIMIT = 1 << 20  # the most bytes of headers one member may have (the plain scan's limit)
 # the magic numbers tarfile's "r|*" would have accepted, and GNU tar's -a detects
 _MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
           (b"\x28\xb5\x2f\xfd", "zstd"))
@@ -47,7 +50,36 @@ class CapExceeded(Exception):
     """The decompressed stream went past its cap."""
 
 
-class GzipTar:
+class HeadersTooLong(Exception):
+    """``tarfile`` read more than :data:`HEADER_LIMIT` bytes for one member's headers."""
+
+
+class _Metered:
+    """A file for ``tarfile`` that counts what it reads for one member's headers (pax records,
+    GNU long names, old GNU sparse extension blocks, a pax 1.0 sparse map: all read by
+    ``tarfile.next()``, all held in memory, the last two with no bound of their own) and raises
+    :class:`HeadersTooLong` past :data:`HEADER_LIMIT`.  :meth:`data` lifts the count while a
+    member's data is read or skipped; :meth:`headers` starts it again."""
+
+    header_left: int | None = HEADER_LIMIT
+
+    def headers(self) -> None:
+        """Count what is read from here on as one member's headers."""
+        self.header_left = HEADER_LIMIT
+
+    def data(self) -> None:
+        """Stop counting: a member's data is read from here on."""
+        self.header_left = None
+
+    def _counted(self, data: bytes) -> bytes:
+        if self.header_left is not None:
+            self.header_left -= len(data)
+            if self.header_left < 0:
+                raise HeadersTooLong
+        return data
+
+
+class GzipTar(_Metered):
     """The decompressed bytes of a gzip file, every member of it as ``gzip -d`` reads them
     (``tarfile``'s own gzip stream stops after the first member: a BGZF-style tar.gz lost its
     samples), as a forward-only stream for ``tarfile.open(mode="r|")``.  Raises
@@ -73,7 +105,39 @@ class GzipTar:
         self.total += len(data)
         if self.total > self.cap:
             raise CapExceeded
-        return data
+        return self._counted(data)
+
+
+class PlainTar(_Metered):
+    """A plain tar file for ``tarfile.open(mode="r:")``, its header reads counted.
+
+    Args:
+        f: the tar file, open for reading (seekable).
+    """
+
+    def __init__(self, f):
+        self.f = f
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes from here.
+
+        Args:
+            size: the most bytes wanted.
+        """
+        return self._counted(self.f.read(size))
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        """Move to ``pos`` (as ``io`` files do).
+
+        Args:
+            pos: the offset.
+            whence: 0 (from the start), 1 (from here) or 2 (from the end).
+        """
+        return self.f.seek(pos, whence)
+
+    def tell(self) -> int:
+        """Where the next read starts."""
+        return self.f.tell()
 
 
 def read_member(tf: tarfile.TarFile, m: tarfile.TarInfo, shown: str) -> bytearray:
@@ -119,15 +183,27 @@ def sparse_member(f, pos: int, shown: str) -> tuple[str, bytearray, int]:
     (``tarfile`` reads every GNU format: old GNU ``S``, pax 0.0, 0.1 and 1.0): ``(name,
     the expanded file, where the next member starts)``.  Errors are SourceErrors naming it."""
     f.seek(pos)
+    plain = PlainTar(f)
     try:
-        tf = tarfile.open(fileobj=f, mode="r:", encoding="utf-8")
+        tf = tarfile.open(fileobj=plain, mode="r:", encoding="utf-8")
         m = tf.next()
         if m is None or m.sparse is None:
             raise SourceError(f"tar member at byte {pos} has GNU sparse headers that tarfile "
                               "does not read as a sparse file", path=shown)
         check_member_size(m, shown)
+        plain.data()
         return m.name, read_member(tf, m, shown), tf.offset
-    except (tarfile.TarError, OSError, EOFError, ValueError, UnicodeError,
-            OverflowError) as exc:
+    except HeadersTooLong:
+        raise SourceError(f"sparse tar member at byte {pos}: {HEADERS_TOO_LONG}",
+                          path=shown) from None
+    except READ_ERRORS as exc:
         raise SourceError(f"sparse tar member at byte {pos} cannot be read: "
                           f"{type(exc).__name__}: {exc}", path=shown) from None
+
+
+HEADERS_TOO_LONG = (f"its headers (pax records, GNU long names, sparse map) run over "
+                    f"{HEADER_LIMIT >> 20} MiB: refused")
+# what tarfile and the decompressors raise on a broken archive (tarfile's own parsers index past
+# a short block, fail on int() of a bad number, ...)
+READ_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, UnicodeError,
+               OverflowError, struct.error, IndexError)

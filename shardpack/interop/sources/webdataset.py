@@ -13,9 +13,7 @@ hidden files.
 from __future__ import annotations
 
 import functools
-import struct
 import tarfile
-import zlib
 from typing import Iterator
 
 from shardpack import format as fmt
@@ -23,7 +21,8 @@ from shardpack.core.errors import FormatError, SourceError
 from shardpack.write.samples import SourceField, value_field
 from shardpack.interop.sources.base import ContainerSource
 from shardpack.interop.sources.common import ByteRanges
-from shardpack.interop.sources.tarread import (CapExceeded, GzipTar, cap_text,
+from shardpack.interop.sources.tarread import (HEADER_LIMIT, HEADERS_TOO_LONG, READ_ERRORS,
+                                               CapExceeded, GzipTar, HeadersTooLong, cap_text,
                                                check_member_size, compression_of,
                                                decompression_cap, read_member, sparse_member)
 
@@ -124,15 +123,19 @@ class WebDatasetSource(ContainerSource):
         with self.storage.open(name) as f:
             _check_gzip(f.read(fmt.TAR_BLOCK), shown)
             f.seek(0)
+            stream = GzipTar(f, cap)
             try:
-                tf = tarfile.open(fileobj=GzipTar(f, cap), mode="r|", encoding="utf-8")
+                tf = tarfile.open(fileobj=stream, mode="r|", encoding="utf-8")
                 while True:
                     m = tf.next()
                     if m is None:
                         return
                     tf.members.clear()  # tarfile keeps every member it saw: bounded memory
                     kind = _stream_kind(m, tf, cap, _nth(count, last), shown)
+                    stream.data()
                     data = read_member(tf, m, shown) if kind == "file" else b""
+                    tf.fileobj.seek(tf.offset)  # past the data of a member not read
+                    stream.headers()
                     yield m.name, kind, functools.partial(_held, data=data)
                     count, last = count + 1, m.name
             except SourceError:
@@ -140,8 +143,10 @@ class WebDatasetSource(ContainerSource):
             except CapExceeded:
                 raise SourceError(f"{_nth(count, last)}: the tar decompresses to more than "
                                   f"{cap_text(cap)}", path=shown) from None
-            except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, UnicodeError,
-                    OverflowError, struct.error) as exc:
+            except HeadersTooLong:
+                raise SourceError(f"{_nth(count, last)}: {HEADERS_TOO_LONG}",
+                                  path=shown) from None
+            except READ_ERRORS as exc:
                 raise SourceError(f"{_nth(count, last)}: not a readable compressed tar: "
                                   f"{type(exc).__name__}: {exc}", path=shown) from None
 
@@ -215,7 +220,7 @@ def _nth(count: int, last: str | None) -> str:
 
 
 HEADER_READ = 4096
-MAX_HEADER = 1 << 20
+MAX_HEADER = HEADER_LIMIT
 ZERO_BLOCK = bytes(fmt.TAR_BLOCK)
 
 
