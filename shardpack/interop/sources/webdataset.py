@@ -4,7 +4,9 @@ Members are grouped the way the ``webdataset`` library groups them: consecutive 
 names share the part before the first dot of the file name form one sample (``a/b.jpg`` and
 ``a/b.cls`` -> key ``a/b``, fields ``jpg`` and ``cls``).  Plain ``.tar`` members become byte ranges
 of the tar file (workers read them with a few large reads); ``.tar.gz`` / ``.tgz`` shards are
-decompressed as a stream and their bytes carried inline.  Directory entries carry no data and are
+decompressed as a stream (every gzip member, under the decompression cap) and their bytes carried
+inline, as are GNU sparse members, expanded (:mod:`.tarread`).  A file's bytes must hold the
+compression its name says.  Directory entries carry no data and are
 counted in the notes; links and devices are bad entries (an error, or skipped with
 ``--skip-bad``); hidden members (file name starting with '.') are counted like ``pack`` counts
 hidden files.
