@@ -127,16 +127,19 @@ class TarMember:
     size: int
     data_offset: int  # offset of the data, relative to the buffer given to parse_tar_member
     end: int          # offset just past the data's padding
-    kind: str = "file"  # file, directory, hard link, symlink, character device, ...
+    kind: str = "file"  # file, sparse file, directory, hard link, symlink, ...
     typeflag: bytes = b"0"
 
 
 _TAR_KINDS = {b"0": "file", b"\0": "file", b"7": "file", b"1": "hard link", b"2": "symlink",
               b"3": "character device", b"4": "block device", b"5": "directory", b"6": "FIFO"}
 _EXTENDED = (b"x", b"g", b"L", b"K")  # headers whose data describes the next member
+_SPARSE_KEYWORD = b"GNU.sparse."  # pax records of GNU sparse formats 0.0, 0.1 and 1.0
 
 
 def _octal(field: bytes, what: str, offset: int) -> int:
+    if field[:1] == b"\x80":  # GNU base-256 (sizes of 8 GiB and more); 0xff, negative, is not
+        return int.from_bytes(field[1:], "big")
     text = field.rstrip(b"\0 ").lstrip(b" ")
     try:
         return int(text or b"0", 8)
@@ -174,7 +177,10 @@ def _ustar_name(block: bytes) -> str:
 def parse_tar_header(buf, offset: int = 0) -> TarMember:
     """Parse the header(s) of the member starting at ``offset`` of ``buf``, whatever its type.
     Global pax headers and GNU long link names are skipped; a zero block raises (end of
-    archive).
+    archive).  A GNU sparse member (type ``S``, or pax ``GNU.sparse.*`` records) is of kind
+    ``sparse file``: its size is what the archive stores (map and segments), not the file's,
+    and type ``S`` may have extension blocks its ``end`` does not count (read it with
+    ``tarfile``).
 
     Args:
         buf: a bytes-like holding at least the whole header, pax or GNU long-name records
@@ -182,6 +188,7 @@ def parse_tar_header(buf, offset: int = 0) -> TarMember:
         offset: where the member's first header block starts in ``buf``.
     """
     name = size_override = None
+    sparse = False
     pos = offset
     block, typeflag, size = _header_block(buf, pos)
     while typeflag in _EXTENDED:  # extended headers: data follows, then more headers
@@ -190,6 +197,7 @@ def parse_tar_header(buf, offset: int = 0) -> TarMember:
             raise FormatError("truncated extended tar header", offset=pos)
         if typeflag == b"x":
             name, size_override = parse_pax(data, pos, name, size_override)
+            sparse = sparse or _has_sparse_record(data)
         elif typeflag == b"L":
             name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         pos += TAR_BLOCK + size + tar_padding(size)
@@ -202,8 +210,21 @@ def parse_tar_header(buf, offset: int = 0) -> TarMember:
     end = data_offset + size + tar_padding(size)
     if size < 0 or end <= offset:  # never: both sizes are checked; the scan must advance
         raise FormatError(f"tar member size {size} does not advance the archive", offset=pos)
-    return TarMember(name, size, data_offset - offset, end - offset,
-                     _TAR_KINDS.get(typeflag, "special file"), typeflag)
+    kind = "sparse file" if sparse or typeflag == b"S" else \
+        _TAR_KINDS.get(typeflag, "special file")
+    return TarMember(name, size, data_offset - offset, end - offset, kind, typeflag)
+
+
+def _has_sparse_record(data: bytes) -> bool:
+    """Whether pax data (already checked by :func:`parse_pax`) holds a ``GNU.sparse.*`` record:
+    the member's data is then a sparse map and the data of its segments, not the file."""
+    i = 0
+    while i < len(data):
+        sp = data.index(b" ", i)
+        if data.startswith(_SPARSE_KEYWORD, sp + 1):
+            return True
+        i += int(data[i:sp])
+    return False
 
 
 def parse_tar_member(buf, offset: int = 0) -> TarMember:

@@ -301,7 +301,7 @@ def test_fuzz_pil_cell(width, height, mode, pixels):
 
 
 def test_compressed_tar_member_over_the_memory_cap_is_refused(tmp_path, monkeypatch):
-    from shardpack.interop.sources import webdataset as wds_source
+    from shardpack.interop.sources import tarread
 
     src = tmp_path / "big.tar.gz"
     with tarfile.open(src, "w:gz") as tf:
@@ -309,10 +309,10 @@ def test_compressed_tar_member_over_the_memory_cap_is_refused(tmp_path, monkeypa
             info = tarfile.TarInfo(name)
             info.size = size
             tf.addfile(info, io.BytesIO(b"x" * size))
-    monkeypatch.setattr(wds_source, "MAX_INLINE_MEMBER", 4096)
+    monkeypatch.setattr(tarread, "MAX_INLINE_MEMBER", 4096)
     with pytest.raises(SourceError, match=r"big\.tar\.gz: tar member 'b\.bin' is 5000 bytes, "
                                           r"more than the") as exc:
         convert(src, tmp_path / "out", workers=1)
     assert "gunzip" in exc.value.hint
-    monkeypatch.setattr(wds_source, "MAX_INLINE_MEMBER", 5000)  # at the cap: read
+    monkeypatch.setattr(tarread, "MAX_INLINE_MEMBER", 5000)  # at the cap: read
     assert convert(src, tmp_path / "out2", workers=1).samples == 2

@@ -4,7 +4,9 @@ Members are grouped the way the ``webdataset`` library groups them: consecutive 
 names share the part before the first dot of the file name form one sample (``a/b.jpg`` and
 ``a/b.cls`` -> key ``a/b``, fields ``jpg`` and ``cls``).  Plain ``.tar`` members become byte ranges
 of the tar file (workers read them with a few large reads); ``.tar.gz`` / ``.tgz`` shards are
-decompressed as a stream and their bytes carried inline.  Directory entries carry no data and are
+decompressed as a stream (every gzip member, under the decompression cap) and their bytes carried
+inline, as are GNU sparse members, expanded (:mod:`.tarread`).  A file's bytes must hold the
+compression its name says.  Directory entries carry no data and are
 counted in the notes; links and devices are bad entries (an error, or skipped with
 ``--skip-bad``); hidden members (file name starting with '.') are counted like ``pack`` counts
 hidden files.
@@ -13,16 +15,18 @@ hidden files.
 from __future__ import annotations
 
 import functools
-import struct
 import tarfile
-import zlib
 from typing import Iterator
 
 from shardpack import format as fmt
 from shardpack.core.errors import FormatError, SourceError
-from shardpack.write.samples import SourceField
-from shardpack.interop.sources.base import ContainerSource, inline
+from shardpack.write.samples import SourceField, value_field
+from shardpack.interop.sources.base import ContainerSource
 from shardpack.interop.sources.common import ByteRanges
+from shardpack.interop.sources.tarread import (HEADER_LIMIT, HEADERS_TOO_LONG, READ_ERRORS,
+                                               CapExceeded, GzipTar, HeadersTooLong, cap_text,
+                                               check_member_size, compression_of,
+                                               decompression_cap, read_member, sparse_member)
 
 SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
@@ -106,29 +110,21 @@ class WebDatasetSource(ContainerSource):
     def _scan(self, name: str, shown: str):
         """Plain tar: read just the headers (seek from one to the next); fields are byte ranges
         of the tar file.  Uses shardpack's own header parser: ``tarfile``'s per-member cost made
-        the scan of a tar slower than packing it (docs/benchmarks.md, "Converting")."""
+        the scan of a tar slower than packing it (docs/benchmarks.md, "Converting").  A GNU
+        sparse member is read by ``tarfile`` and carried inline, expanded."""
         url, mtime = self.url(name), self.mtime_ns(name)
         total = self.storage.size(name)
         pos, count, last = 0, 0, None
         with self.storage.open(name) as f:
             while pos + fmt.TAR_BLOCK <= total:
-                want = HEADER_READ
-                while True:
-                    f.seek(pos)
-                    head = f.read(want)
-                    if head[:fmt.TAR_BLOCK] == ZERO_BLOCK:
-                        return
-                    try:
-                        m = fmt.parse_tar_header(head)
-                        break
-                    except FormatError as exc:
-                        if "truncated" in exc.message and len(head) == want \
-                                and want < MAX_HEADER:
-                            want *= 4  # long pax records: read more of the header
-                            continue
-                        raise SourceError(f"{_nth(count, last)}: corrupt tar header at byte "
-                                          f"{pos + (exc.offset or 0)}: {exc.message}",
-                                          path=shown) from None
+                m = _header_at(f, pos, count, last, shown)
+                if m is None:
+                    return
+                if m.kind == "sparse file":
+                    member, data, after = sparse_member(f, pos, shown)
+                    yield member, "file", functools.partial(_held, data=data)
+                    pos, count, last = max(after, pos + m.end), count + 1, member
+                    continue
                 start = pos + m.data_offset
                 if start + m.size > total:
                     raise SourceError(f"tar member {m.name!r} runs past the end of the file "
@@ -143,43 +139,102 @@ class WebDatasetSource(ContainerSource):
         # no end-of-archive blocks: tolerated (some writers omit them), every member was whole
 
     def _stream(self, name: str, shown: str):
-        """Compressed tar: decompress as a stream (``tarfile``), fields carried inline."""
+        """Compressed tar: gzip (every member of the stream) decompressed under the cap, the tar
+        read by ``tarfile`` as a stream, fields carried inline."""
         count, last = 0, None
+        cap = decompression_cap(self.storage.size(name))
         with self.storage.open(name) as f:
+            _check_gzip(f.read(fmt.TAR_BLOCK), shown)
+            f.seek(0)
+            stream = GzipTar(f, cap)
             try:
-                tf = tarfile.open(fileobj=f, mode="r|*", encoding="utf-8")
+                tf = tarfile.open(fileobj=stream, mode="r|", encoding="utf-8")
                 while True:
                     m = tf.next()
                     if m is None:
                         return
                     tf.members.clear()  # tarfile keeps every member it saw: bounded memory
-                    # tarfile takes a negative size, and ignores a pax size it cannot parse
-                    pax_size = m.pax_headers.get("size")
-                    if m.size < 0 or (pax_size is not None and not (
-                            pax_size.isascii() and pax_size.isdigit() and len(pax_size) <= 19)):
-                        raise SourceError(f"{_nth(count, last)}: bad tar header: size "
-                                          f"{pax_size if pax_size is not None else m.size!r} "
-                                          "is not a non-negative integer", path=shown)
-                    kind = ("file" if m.isreg() else "directory" if m.isdir()
-                            else "link" if m.issym() or m.islnk() else "special file")
-                    if kind == "file" and m.size > MAX_INLINE_MEMBER:
-                        raise SourceError(f"tar member {m.name!r} is {m.size} bytes, more than "
-                                          f"the {MAX_INLINE_MEMBER >> 20} MiB a member of a "
-                                          "compressed tar may hold (it is read into memory)",
-                                          path=shown, hint="decompress the tar first (gunzip); "
-                                          "a plain tar is read in byte ranges")
-                    data = tf.extractfile(m).read() if kind == "file" else b""
-                    if len(data) != (m.size if kind == "file" else 0):
-                        raise SourceError(f"tar member {m.name!r} holds {len(data)} of its "
-                                          f"{m.size} bytes: truncated", path=shown)
-                    yield m.name, kind, functools.partial(inline, data=data)
+                    kind = _stream_kind(m, tf, cap, _nth(count, last), shown)
+                    stream.data()
+                    data = read_member(tf, m, shown) if kind == "file" else b""
+                    tf.fileobj.seek(tf.offset)  # past the data of a member not read
+                    stream.headers()
+                    yield m.name, kind, functools.partial(_held, data=data)
                     count, last = count + 1, m.name
             except SourceError:
                 raise
-            except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, UnicodeError,
-                    OverflowError, struct.error) as exc:
+            except CapExceeded:
+                raise SourceError(f"{_nth(count, last)}: the tar decompresses to more than "
+                                  f"{cap_text(cap)}", path=shown) from None
+            except HeadersTooLong:
+                raise SourceError(f"{_nth(count, last)}: {HEADERS_TOO_LONG}",
+                                  path=shown) from None
+            except READ_ERRORS as exc:
                 raise SourceError(f"{_nth(count, last)}: not a readable compressed tar: "
                                   f"{type(exc).__name__}: {exc}", path=shown) from None
+
+
+def _header_at(f, pos: int, count: int, last: str | None, shown: str):
+    """The member whose headers start at byte ``pos`` of the plain tar ``f`` (read in growing
+    pieces for long pax records), or None at an end-of-archive block."""
+    want = HEADER_READ
+    while True:
+        f.seek(pos)
+        head = f.read(want)
+        if head[:fmt.TAR_BLOCK] == ZERO_BLOCK:
+            return None
+        try:
+            return fmt.parse_tar_header(head)
+        except FormatError as exc:
+            if "truncated" in exc.message and len(head) == want and want < MAX_HEADER:
+                want *= 4  # long pax records: read more of the header
+                continue
+            if pos == 0 and compression_of(head):
+                raise SourceError(f"named .tar but its bytes are {compression_of(head)}-"
+                                  "compressed", path=shown, hint="rename it .tar.gz"
+                                  if compression_of(head) == "gzip" else
+                                  "decompress it and convert the plain .tar") from None
+            raise SourceError(f"{_nth(count, last)}: corrupt tar header at byte "
+                              f"{pos + (exc.offset or 0)}: {exc.message}",
+                              path=shown) from None
+
+
+def _check_gzip(head: bytes, shown: str) -> None:
+    """Refuse a ``.tar.gz`` / ``.tgz`` whose bytes are not gzip: the name and the bytes must
+    agree (GNU tar and ``tarfile``'s ``r|*`` would read a bzip2 or xz stream under any name)."""
+    kind = compression_of(head)
+    if kind == "gzip":
+        return
+    if kind:
+        what, hint = f"{kind}-compressed", "decompress it and convert the plain .tar"
+    elif head[257:262] == b"ustar":
+        what, hint = "a plain (uncompressed) tar", "rename it .tar"
+    else:
+        what, hint = "not gzip data", "check the file"
+    raise SourceError(f"named as a gzip-compressed tar but its bytes are {what}", path=shown,
+                      hint=hint)
+
+
+def _stream_kind(m: tarfile.TarInfo, tf: tarfile.TarFile, cap: int, nth: str,
+                 shown: str) -> str:
+    """The kind of the member ``tarfile`` just read, its sizes checked before any of its data
+    is read: a size that is not a non-negative integer, data that would end past the
+    decompression cap, more than a member read into memory may hold."""
+    # tarfile takes a negative size, and ignores a pax size it cannot parse
+    pax_size = m.pax_headers.get("size")
+    if m.size < 0 or (pax_size is not None and not (
+            pax_size.isascii() and pax_size.isdigit() and len(pax_size) <= 19)):
+        raise SourceError(f"{nth}: bad tar header: size "
+                          f"{pax_size if pax_size is not None else m.size!r} "
+                          "is not a non-negative integer", path=shown)
+    if tf.offset > cap:  # where its data ends in the decompressed tar
+        raise SourceError(f"tar member {m.name!r} ends at byte {tf.offset} of the "
+                          f"decompressed tar, past {cap_text(cap)}", path=shown)
+    kind = ("file" if m.isreg() else "directory" if m.isdir()
+            else "link" if m.issym() or m.islnk() else "special file")
+    if kind == "file":
+        check_member_size(m, shown)
+    return kind
 
 
 def _nth(count: int, last: str | None) -> str:
@@ -188,9 +243,13 @@ def _nth(count: int, last: str | None) -> str:
 
 
 HEADER_READ = 4096
-MAX_INLINE_MEMBER = 1 << 30  # a compressed tar's member is held whole: the cap on that memory
-MAX_HEADER = 1 << 20
+MAX_HEADER = HEADER_LIMIT
 ZERO_BLOCK = bytes(fmt.TAR_BLOCK)
+
+
+def _held(name: str, data) -> SourceField:
+    """A field of bytes read into memory (a buffer of their own: carried as is, not copied)."""
+    return value_field(name, data)
 
 
 def _ranged(url: str, size: int, mtime: int, offset: int, name: str) -> SourceField:
