@@ -1,0 +1,192 @@
+"""Bounds on what a Parquet file may decode to (docs/convert.md, "Parquet", "Expansion"), and
+the cells of decoded binary arrays.
+
+A Parquet file can claim more than it holds: column chunk metadata states uncompressed sizes
+the pages must decompress to, and a dictionary-encoded column repeats one stored value in as
+many rows as it likes (one 1 MiB value referenced by 20,000 rows is 20 GB of cells from a file of
+a few KB).  Before any row of a file is read, :func:`check_claims` refuses metadata that claims
+more than the decompression cap of the other converters (``common.MAX_EXPANSION`` times the
+compressed bytes, or ``common.EXPANSION_FLOOR``), and :class:`Expansion` sums what the file's
+cells decode to and refuses a file whose cells would exceed the same cap, naming the row group
+and column where the sum crossed it.  Dictionary-encoded chunks are measured exactly without
+being expanded: read with their dictionary kept, one row group at a time, the cell lengths are
+the dictionary's lengths taken by the indices."""
+
+from __future__ import annotations
+
+from shardpack.core.errors import SourceError
+from shardpack.interop.sources.common import EXPANSION_FLOOR, MAX_EXPANSION
+
+# Dictionary chunks whose worst case (rows x the chunk's uncompressed bytes) sums to at most
+# this per file are not measured: their cells cannot reach the cap, and small files (the usual
+# test and sample data) keep their metadata estimates.
+UNMEASURED_BUDGET = EXPANSION_FLOOR
+
+
+def cap_for(compressed: int) -> int:
+    """The most bytes ``compressed`` stored bytes may decode to."""
+    return max(EXPANSION_FLOOR, MAX_EXPANSION * max(0, compressed))
+
+
+def _limit_words() -> str:
+    return f"at most {MAX_EXPANSION}x the compressed size or {EXPANSION_FLOOR >> 20} MiB"
+
+
+def check_claims(meta, shown: str) -> None:
+    """Refuse a row group or column chunk whose metadata claims a negative size, or more
+    uncompressed bytes than the cap for its compressed bytes, before anything is decompressed."""
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        stored = 0
+        for i in range(group.num_columns):
+            chunk = group.column(i)
+            size, packed = chunk.total_uncompressed_size, chunk.total_compressed_size
+            if size < 0 or packed < 0 or size > cap_for(packed):
+                raise SourceError(f"row group {g} column {chunk.path_in_schema!r} claims {size} "
+                                  f"uncompressed bytes for {packed} compressed: refused "
+                                  f"({_limit_words()})", path=shown,
+                                  hint="the file is damaged or crafted; rewrite it with pyarrow")
+            stored += packed
+        if group.total_byte_size < 0 or group.total_byte_size > cap_for(stored):
+            raise SourceError(f"row group {g} claims {group.total_byte_size} bytes for {stored} "
+                              f"compressed: refused ({_limit_words()})", path=shown,
+                              hint="the file is damaged or crafted; rewrite it with pyarrow")
+
+
+class Expansion:
+    """What one file's cells decode to, summed column chunk by column chunk against the cap for
+    the file's compressed bytes (all its column chunks)."""
+
+    def __init__(self, meta, shown: str):
+        self.shown = shown
+        self.stored = sum(meta.row_group(g).column(i).total_compressed_size
+                          for g in range(meta.num_row_groups)
+                          for i in range(meta.num_columns))
+        self.cap = cap_for(self.stored)
+        self.total = 0
+
+    def add(self, size: int, group: int, column: str) -> None:
+        """Count ``size`` decoded bytes of ``column`` in row group ``group``; refuse the file
+        when the sum passes the cap."""
+        self.total += size
+        if self.total > self.cap:
+            raise SourceError(
+                f"row group {group} column {column!r}: the cells decode to more than "
+                f"{self.cap} bytes, from {self.stored} bytes of column chunks (repeated "
+                f"dictionary values or highly compressible data): refused ({_limit_words()} "
+                f"per file)", path=self.shown,
+                hint="split the file, or store the repeated value once and refer to it")
+
+
+def dictionary_chunks(meta, leaves: dict[str, str]) -> dict[str, list[int]]:
+    """``{leaf path: [row groups]}`` of the byte-array column chunks among ``leaves`` (leaf path
+    -> top-level column) that have a dictionary page: those whose cells may decode to more than
+    the chunk's uncompressed size."""
+    index = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+    out: dict[str, list[int]] = {}
+    for path in leaves:
+        i = index.get(path)
+        if i is None or meta.schema.column(i).physical_type != "BYTE_ARRAY":
+            continue
+        groups = [g for g in range(meta.num_row_groups)
+                  if meta.row_group(g).column(i).has_dictionary_page]
+        if groups:
+            out[path] = groups
+    return out
+
+
+def measure(pf_dict, meta, leaves: dict[str, str], expansion: Expansion,
+            reader_error) -> dict[str, dict[int, list]]:
+    """Count every column chunk of the file against ``expansion`` before any row is read, and
+    return ``{leaf path: {row group: per-row cell lengths (None for a null)}}`` of the
+    dictionary chunks among ``leaves`` (leaf path -> top-level column) that had to be measured
+    (``pf_dict`` reads those leaves with their dictionaries kept).  A dictionary chunk not
+    measured counts as its worst case (rows x its uncompressed bytes), any other chunk as its
+    uncompressed size.  ``reader_error(exc)`` turns a pyarrow error into a SourceError."""
+    risky = dictionary_chunks(meta, leaves)
+    budget = UNMEASURED_BUDGET
+    measured: dict[str, dict[int, list]] = {}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for i in range(meta.num_columns):
+            chunk, path = group.column(i), meta.schema.column(i).path
+            if g not in risky.get(path, ()):
+                expansion.add(chunk.total_uncompressed_size, g, path)
+                continue
+            worst = group.num_rows * chunk.total_uncompressed_size
+            if worst <= budget:
+                budget -= worst
+                expansion.add(worst, g, path)
+                continue
+            sizes = _chunk_lengths(pf_dict, g, leaves[path], path, reader_error)
+            expansion.add(sum(s for s in sizes if s is not None), g, path)
+            measured.setdefault(path, {})[g] = sizes
+    return measured
+
+
+def _chunk_lengths(pf_dict, group: int, column: str, path: str, reader_error) -> list:
+    """Per-row cell lengths of leaf ``path`` (of top-level ``column``) in row group ``group``,
+    read with its dictionary kept: memory holds the dictionary and the indices, never the
+    repeated values."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        table = pf_dict.read_row_group(group, columns=[column], use_threads=False)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise reader_error(exc) from None
+    array = struct_field(table.column(0).combine_chunks(), tuple(path.split(".")[1:])
+                         if path != column else ())
+    if pa.types.is_dictionary(array.type):
+        sizes = pc.binary_length(array.dictionary).take(array.indices)
+    else:  # (a leaf pyarrow does not read as a dictionary: decoded once, one group)
+        sizes = pc.binary_length(array)
+    return sizes.to_pylist()
+
+
+def struct_field(array, parts: tuple):
+    """The struct field ``parts`` (a path of names) of an Arrow array."""
+    import pyarrow.compute as pc
+
+    for part in parts:
+        array = pc.struct_field(array, part)
+    return array
+
+
+class Cells:
+    """The cells of an Arrow binary array without a copy each: slices of its data buffer;
+    ``rows`` maps a row to its entry (the indices of a dictionary array)."""
+
+    def __init__(self, offsets, data: memoryview, rows=None):
+        self.offsets, self.data, self.rows = offsets, data, rows
+
+    def __getitem__(self, i: int) -> memoryview:
+        if self.rows is not None:
+            i = int(self.rows[i])
+        return self.data[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+
+def cells(array):
+    """Indexable cells of a binary Arrow array: zero-copy for plain binary without nulls and
+    for a dictionary array without nulls (each row a slice of its stored value); otherwise a
+    list of bytes or None, a dictionary's values made once and shared by the rows that repeat
+    them.  A repeated value is never copied out once per row."""
+    import numpy as np
+    import pyarrow as pa
+
+    t = array.type
+    rows = None
+    if pa.types.is_dictionary(t):
+        if array.null_count or array.dictionary.null_count:
+            values = array.dictionary.to_pylist()
+            return [None if r is None else values[r] for r in array.indices.to_pylist()]
+        rows = array.indices.to_numpy(zero_copy_only=False)
+        array, t = array.dictionary, t.value_type
+    if array.null_count == 0 and (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        width = 8 if pa.types.is_large_binary(t) else 4
+        _, offsets, data = array.buffers()
+        offsets = np.frombuffer(offsets, dtype=f"<i{width}", count=len(array) + 1,
+                                offset=array.offset * width)
+        return Cells(offsets, memoryview(data) if data is not None else memoryview(b""), rows)
+    values = array.to_pylist()
+    return values if rows is None else [values[r] for r in rows]
