@@ -48,7 +48,8 @@ from shardpack.write.fields import FieldReader, open_container
 from shardpack.write.samples import SourceField
 from shardpack.interop.sources.base import ContainerSource, inline
 from shardpack.interop.sources.parquet_bounds import (Expansion, cells, check_claims,
-                                                      dictionary_chunks, measure, struct_field)
+                                                      dictionary_chunks, distinct_values,
+                                                      index_in, lengths, measure, struct_field)
 from shardpack.interop.sources.parquet_schema import ENCODERS, plan_columns
 
 BATCH_BYTES = 16 << 20   # target uncompressed bytes of one record batch
@@ -177,7 +178,6 @@ class ParquetSource(ContainerSource):
         file: the sorted distinct values are the class names.  Returns (class names, file) of a
         ClassLabel label, for the main pass to compare each file's with, else None."""
         pa, pq = import_pyarrow()
-        import pyarrow.compute as pc
 
         col = self.label_column
         values: set = set()
@@ -198,11 +198,17 @@ class ParquetSource(ContainerSource):
                     if classes is not None and named is None:
                         named = (classes, shown)
                     continue
+                check_claims(pf.metadata, shown)
+                # read with its dictionary kept, a row group at a time: a value repeated in
+                # many rows is made once (a dictionary chunk decoded whole could be a bomb)
+                pf = pq.ParquetFile(f, metadata=pf.metadata, buffer_size=BUFFER_SIZE,
+                                    read_dictionary=[col])
                 try:
-                    for batch in pf.iter_batches(batch_size=1 << 16, columns=[col],
-                                                 use_threads=False):
-                        values.update(pc.unique(batch.column(0)).to_pylist())
-                except (pa.ArrowException, OSError, ValueError) as exc:
+                    for g in range(pf.metadata.num_row_groups):
+                        table = pf.read_row_group(g, columns=[col], use_threads=False)
+                        for chunk in table.column(0).chunks:
+                            values.update(distinct_values(chunk))
+                except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
                     raise SourceError(f"cannot read label column {col!r}: {exc}",
                                       path=shown) from None
         if first_kind and first_kind[0] == "classname":
@@ -229,7 +235,7 @@ class ParquetSource(ContainerSource):
         while True:
             try:
                 batch = next(batches, None)
-            except (pa.ArrowException, OSError, ValueError) as exc:
+            except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
                 raise SourceError(f"cannot read the rows after row {row}: {exc}",
                                   path=shown) from None
             if batch is None:
@@ -264,17 +270,14 @@ class ParquetSource(ContainerSource):
                 continue
             array = batch.column(col)
             if kind == "binary":
-                values.append((col, kind, field, pc.binary_length(array).to_pylist(), None))
+                values.append((col, kind, field, lengths(array), None))
             elif kind == "file":
                 data = pc.struct_field(array, "bytes")
                 paths = pc.struct_field(array, "path").to_pylist()
                 valid = array.is_valid().to_pylist()
-                values.append((col, kind, field, pc.binary_length(data).to_pylist(),
-                               (paths, valid)))
+                values.append((col, kind, field, lengths(data), (paths, valid)))
             elif kind == "classname":  # a string label -> its index among the classes
-                if pa.types.is_dictionary(array.type):
-                    array = array.dictionary_decode()
-                index = pc.index_in(array, value_set=self._class_names.cast(array.type))
+                index = index_in(array, self._class_names)
                 values.append((col, "label", field, index.to_pylist(), None))
             else:
                 values.append((col, kind, field, array.to_pylist(), None))
@@ -433,7 +436,7 @@ class ParquetCells(FieldReader):
     def _load(self, f) -> None:
         import bisect
 
-        pq = import_pyarrow()[1]  # the allocator setting, when this process imports it first
+        pa, pq = import_pyarrow()  # the allocator setting, when this process imports it first
         if f.path not in self.files:
             storage, name = open_container(f, storage_options=self.options)
             handle = storage.open_arrow(name)
@@ -459,7 +462,10 @@ class ParquetCells(FieldReader):
             self.path, self.group = f.path, group
             self.first = self.stop = starts[group]
         while not self.first <= f.offset < self.stop:
-            batch = next(self.batches, None)
+            try:
+                batch = next(self.batches, None)
+            except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
+                raise SourceError(f"cannot read row group {group}: {exc}", path=f.path) from None
             if batch is None:  # the file has fewer rows than its metadata says
                 raise SourceError(f"row {f.offset} is missing from row group {group}",
                                   path=f.path, hint="convert again once the source is stable")

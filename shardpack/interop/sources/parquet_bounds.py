@@ -17,12 +17,6 @@ from __future__ import annotations
 from shardpack.core.errors import SourceError
 from shardpack.interop.sources.common import EXPANSION_FLOOR, MAX_EXPANSION
 
-# Dictionary chunks whose worst case (rows x the chunk's uncompressed bytes) sums to at most
-# this per file are not measured: their cells cannot reach the cap, and small files (the usual
-# test and sample data) keep their metadata estimates.
-UNMEASURED_BUDGET = EXPANSION_FLOOR
-
-
 def cap_for(compressed: int) -> int:
     """The most bytes ``compressed`` stored bytes may decode to."""
     return max(EXPANSION_FLOOR, MAX_EXPANSION * max(0, compressed))
@@ -100,27 +94,31 @@ def measure(pf_dict, meta, leaves: dict[str, str], expansion: Expansion,
     """Count every column chunk of the file against ``expansion`` before any row is read, and
     return ``{leaf path: {row group: per-row cell lengths (None for a null)}}`` of the
     dictionary chunks among ``leaves`` (leaf path -> top-level column) that had to be measured
-    (``pf_dict`` reads those leaves with their dictionaries kept).  A dictionary chunk not
-    measured counts as its worst case (rows x its uncompressed bytes), any other chunk as its
-    uncompressed size.  ``reader_error(exc)`` turns a pyarrow error into a SourceError."""
+    (``pf_dict`` reads those leaves with their dictionaries kept).
+
+    A chunk without a dictionary page counts as its uncompressed size.  A dictionary chunk
+    counts as its worst case, rows x its uncompressed bytes (every row the largest value), while
+    the sum stays within the cap; only a chunk whose worst case would pass it is measured, so
+    files that could not reach the cap (the usual ones: row groups of a few hundred images) are
+    never read here.  ``reader_error(exc)`` turns a pyarrow error into a SourceError."""
     risky = dictionary_chunks(meta, leaves)
-    budget = UNMEASURED_BUDGET
-    measured: dict[str, dict[int, list]] = {}
+    later = []
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         for i in range(meta.num_columns):
             chunk, path = group.column(i), meta.schema.column(i).path
-            if g not in risky.get(path, ()):
+            if g in risky.get(path, ()):
+                later.append((g, path, group.num_rows * chunk.total_uncompressed_size))
+            else:
                 expansion.add(chunk.total_uncompressed_size, g, path)
-                continue
-            worst = group.num_rows * chunk.total_uncompressed_size
-            if worst <= budget:
-                budget -= worst
-                expansion.add(worst, g, path)
-                continue
-            sizes = _chunk_lengths(pf_dict, g, leaves[path], path, reader_error)
-            expansion.add(sum(s for s in sizes if s is not None), g, path)
-            measured.setdefault(path, {})[g] = sizes
+    measured: dict[str, dict[int, list]] = {}
+    for g, path, worst in later:
+        if expansion.total + worst <= expansion.cap:
+            expansion.add(worst, g, path)
+            continue
+        sizes = _chunk_lengths(pf_dict, g, leaves[path], path, reader_error)
+        expansion.add(sum(s for s in sizes if s is not None), g, path)
+        measured.setdefault(path, {})[g] = sizes
     return measured
 
 
@@ -129,19 +127,48 @@ def _chunk_lengths(pf_dict, group: int, column: str, path: str, reader_error) ->
     read with its dictionary kept: memory holds the dictionary and the indices, never the
     repeated values."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     try:
         table = pf_dict.read_row_group(group, columns=[column], use_threads=False)
-    except (pa.ArrowException, OSError, ValueError) as exc:
+    except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
         raise reader_error(exc) from None
     array = struct_field(table.column(0).combine_chunks(), tuple(path.split(".")[1:])
                          if path != column else ())
+    return lengths(array)  # (a leaf pyarrow did not keep as a dictionary: decoded, one group)
+
+
+def distinct_values(array) -> list:
+    """The distinct non-null values of an Arrow array (a dictionary array's referenced
+    values, each made once), as Python objects."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if pa.types.is_dictionary(array.type):
-        sizes = pc.binary_length(array.dictionary).take(array.indices)
-    else:  # (a leaf pyarrow does not read as a dictionary: decoded once, one group)
-        sizes = pc.binary_length(array)
-    return sizes.to_pylist()
+        array = array.dictionary.take(pc.unique(array.indices.drop_null()))
+    return [v for v in pc.unique(array).to_pylist() if v is not None]
+
+
+def lengths(array) -> list:
+    """The byte length of each cell of a binary Arrow array (None for a null); a dictionary
+    array's without decoding it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(array.type):
+        return pc.binary_length(array.dictionary).take(array.indices).to_pylist()
+    return pc.binary_length(array).to_pylist()
+
+
+def index_in(array, names):
+    """The index of each cell of a string Arrow array among ``names`` (a string array); a
+    dictionary array's looked up once per dictionary value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(array.type):
+        return pc.index_in(array.dictionary,
+                           value_set=names.cast(array.type.value_type)).take(array.indices)
+    return pc.index_in(array, value_set=names.cast(array.type))
 
 
 def struct_field(array, parts: tuple):
