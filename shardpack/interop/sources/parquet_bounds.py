@@ -22,6 +22,10 @@ def cap_for(compressed: int) -> int:
     return max(EXPANSION_FLOOR, MAX_EXPANSION * max(0, compressed))
 
 
+_HINT = ("the file is damaged or crafted; if its data is real, split it into smaller files "
+         "(each is allowed its own cap)")
+
+
 def _limit_words() -> str:
     return f"at most {MAX_EXPANSION}x the compressed size or {EXPANSION_FLOOR >> 20} MiB"
 
@@ -39,12 +43,12 @@ def check_claims(meta, shown: str) -> None:
                 raise SourceError(f"row group {g} column {chunk.path_in_schema!r} claims {size} "
                                   f"uncompressed bytes for {packed} compressed: refused "
                                   f"({_limit_words()})", path=shown,
-                                  hint="the file is damaged or crafted; rewrite it with pyarrow")
+                                  hint=_HINT)
             stored += packed
         if group.total_byte_size < 0 or group.total_byte_size > cap_for(stored):
             raise SourceError(f"row group {g} claims {group.total_byte_size} bytes for {stored} "
                               f"compressed: refused ({_limit_words()})", path=shown,
-                              hint="the file is damaged or crafted; rewrite it with pyarrow")
+                              hint=_HINT)
 
 
 class Expansion:
@@ -69,7 +73,7 @@ class Expansion:
                 f"{self.cap} bytes, from {self.stored} bytes of column chunks (repeated "
                 f"dictionary values or highly compressible data): refused ({_limit_words()} "
                 f"per file)", path=self.shown,
-                hint="split the file, or store the repeated value once and refer to it")
+                hint=_HINT)
 
 
 def dictionary_chunks(meta, leaves: dict[str, str]) -> dict[str, list[int]]:
@@ -119,6 +123,10 @@ def measure(pf_dict, meta, leaves: dict[str, str], expansion: Expansion,
         sizes = _chunk_lengths(pf_dict, g, leaves[path], path, reader_error)
         expansion.add(sum(s for s in sizes if s is not None), g, path)
         measured.setdefault(path, {})[g] = sizes
+    if measured:  # the dictionaries read here are not kept (the allocator would keep them)
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
     return measured
 
 
