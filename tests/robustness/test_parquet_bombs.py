@@ -51,6 +51,12 @@ def _bomb(path, case: str, rows: int, size: int = MIB):
             [_repeated(rows, b"\0" * size), pa.array(["x.png"] * rows)], ["bytes", "path"])})
     elif case == "nulls":
         table = pa.table({"data": _repeated(rows, b"\0" * size, nulls=True)})
+    elif case == "list":            # one row whose list refers to the value ``rows`` times
+        offsets = pa.array([0, rows], pa.int32())
+        table = pa.table({"tags": pa.ListArray.from_arrays(offsets, _repeated(rows, "t" * size))})
+    elif case == "image-path":      # the path beside the bytes
+        table = pa.table({"image": pa.StructArray.from_arrays(
+            [pa.array([b"x"] * rows), _repeated(rows, "p" * size)], ["bytes", "path"])})
     elif case == "row-groups":
         table, groups = pa.table({"data": _repeated(rows, b"\0" * size)}), 100
     pq.write_table(table, path, compression="zstd", store_schema=store, row_group_size=groups)
@@ -83,6 +89,8 @@ def _convert_limited(src, out, tmp_path) -> tuple[int, str, int]:
     ("string", 2_000, "row group 0 column 'txt'"),
     ("image-struct", 2_000, "row group 0 column 'image.bytes'"),
     ("nulls", 2_000, "row group 0 column 'data'"),
+    ("list", 2_000, "row group 0 column 'tags.list.element'"),
+    ("image-path", 2_000, "row group 0 column 'image.path'"),
     ("row-groups", 20_000, "column 'data'"),
 ])
 def test_a_dictionary_bomb_is_refused_in_one_line_in_bounded_memory(tmp_path, case, rows,
@@ -138,6 +146,30 @@ def test_repeated_values_within_the_cap_are_measured_and_converted(tmp_path, mon
     assert summary.samples == rows and summary.shards >= 10
     got = {s["__key__"]: bytes(s["data"]) for s in open_reader(out)}
     assert got == {f"k{i:05d}": values[i % 10] for i in range(rows)}
+
+
+def test_a_list_leaf_is_measured_by_its_values(tmp_path, monkeypatch):
+    """A dictionary leaf inside a list column (a JSON field) counts every value of every
+    list: measured with the dictionary kept, its total is exact."""
+    monkeypatch.setattr(parquet_bounds, "EXPANSION_FLOOR", MIB)
+    words = [os.urandom(5_000).hex() for _ in range(4)]  # 10,000 bytes each
+    refs = pa.DictionaryArray.from_arrays(pa.array([i % 4 for i in range(3_000)], pa.int32()),
+                                          pa.array(words))
+    tags = pa.ListArray.from_arrays(pa.array(range(0, 3_001, 3), pa.int32()), refs)
+    src = tmp_path / "tags.parquet"
+    pq.write_table(pa.table({"tags": tags}), src)
+    pf = pq.ParquetFile(src)
+    meta = pf.metadata
+    leaves = parquet_bounds.read_leaves(meta, ["tags"])
+    assert leaves == {"tags.list.element": "tags"}
+    expansion = parquet_bounds.Expansion(meta, str(src))
+    pf_dict = pq.ParquetFile(src, read_dictionary=list(leaves))
+    measured = parquet_bounds.measure(pf_dict, meta, leaves, expansion, None)
+    assert measured == {}  # three values a row: no per-row lengths
+    assert expansion.total == 3_000 * 10_000  # exact, where the worst case is past the cap
+    assert 3_000 * meta.row_group(0).column(0).total_uncompressed_size > expansion.cap
+    summary = convert(src, tmp_path / "out", workers=1)
+    assert summary.samples == 1_000
 
 
 def test_the_same_file_past_the_cap_is_refused_naming_the_group(tmp_path, monkeypatch):

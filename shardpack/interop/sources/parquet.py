@@ -49,7 +49,8 @@ from shardpack.write.samples import SourceField
 from shardpack.interop.sources.base import ContainerSource, inline
 from shardpack.interop.sources.parquet_bounds import (Expansion, cells, check_claims,
                                                       dictionary_chunks, distinct_values,
-                                                      index_in, lengths, measure, struct_field)
+                                                      index_in, lengths, measure, read_leaves,
+                                                      struct_field)
 from shardpack.interop.sources.parquet_schema import ENCODERS, plan_columns
 
 BATCH_BYTES = 16 << 20   # target uncompressed bytes of one record batch
@@ -331,10 +332,7 @@ def _read_plan(pf, f, columns, key_col, shown) -> tuple[dict, list[str], int]:
     here keeps a batch near BATCH_BYTES."""
     meta = pf.metadata
     check_claims(meta, shown)
-    leaves = {(f"{c}.bytes" if kind == "file" else c): c for c, kind, _ in columns
-              if kind in ("binary", "string", "classname", "file")}
-    if key_col:
-        leaves[key_col] = key_col
+    leaves = read_leaves(meta, [c for c, _, _ in columns] + ([key_col] if key_col else []))
     risky = dictionary_chunks(meta, leaves)
     pf_dict = None
     if risky:  # the same open file, read again with those leaves' dictionaries kept

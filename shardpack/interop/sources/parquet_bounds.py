@@ -76,6 +76,19 @@ class Expansion:
                 hint=_HINT)
 
 
+def read_leaves(meta, columns) -> dict[str, str]:
+    """``{leaf path: top-level column}`` of every Parquet leaf of ``columns`` (the top-level
+    columns read), in schema order."""
+    out = {}
+    tops = sorted(columns, key=len, reverse=True)  # 'a.b' before 'a' (names may hold dots)
+    for i in range(meta.num_columns):
+        path = meta.schema.column(i).path
+        top = next((c for c in tops if path == c or path.startswith(c + ".")), None)
+        if top is not None:
+            out[path] = top
+    return out
+
+
 def dictionary_chunks(meta, leaves: dict[str, str]) -> dict[str, list[int]]:
     """``{leaf path: [row groups]}`` of the byte-array column chunks among ``leaves`` (leaf path
     -> top-level column) that have a dictionary page: those whose cells may decode to more than
@@ -98,10 +111,11 @@ def measure(pf_dict, meta, leaves: dict[str, str], expansion: Expansion,
     """Count every column chunk of the file against ``expansion`` before any row is read, and
     return ``{leaf path: {row group: per-row cell lengths (None for a null)}}`` of the
     dictionary chunks among ``leaves`` (leaf path -> top-level column) that had to be measured
-    (``pf_dict`` reads those leaves with their dictionaries kept).
+    and hold one value per row (``pf_dict`` reads every dictionary leaf with its dictionary
+    kept).
 
     A chunk without a dictionary page counts as its uncompressed size.  A dictionary chunk
-    counts as its worst case, rows x its uncompressed bytes (every row the largest value), while
+    counts as its worst case, values x its uncompressed bytes (every value the largest), while
     the sum stays within the cap; only a chunk whose worst case would pass it is measured, so
     files that could not reach the cap (the usual ones: row groups of a few hundred images) are
     never read here.  ``reader_error(exc)`` turns a pyarrow error into a SourceError."""
@@ -112,37 +126,67 @@ def measure(pf_dict, meta, leaves: dict[str, str], expansion: Expansion,
         for i in range(meta.num_columns):
             chunk, path = group.column(i), meta.schema.column(i).path
             if g in risky.get(path, ()):
-                later.append((g, path, group.num_rows * chunk.total_uncompressed_size))
+                values = max(group.num_rows, chunk.num_values)
+                later.append((g, path, values * chunk.total_uncompressed_size))
             else:
                 expansion.add(chunk.total_uncompressed_size, g, path)
     measured: dict[str, dict[int, list]] = {}
+    read = False
     for g, path, worst in later:
         if expansion.total + worst <= expansion.cap:
             expansion.add(worst, g, path)
             continue
-        sizes = _chunk_lengths(pf_dict, g, leaves[path], path, reader_error)
-        expansion.add(sum(s for s in sizes if s is not None), g, path)
-        measured.setdefault(path, {})[g] = sizes
-    if measured:  # the dictionaries read here are not kept (the allocator would keep them)
+        read = True
+        total, sizes = _chunk_lengths(pf_dict, g, leaves, path, reader_error)
+        expansion.add(total, g, path)
+        if sizes is not None:
+            measured.setdefault(path, {})[g] = sizes
+    if read:  # the dictionaries read here are not kept (the allocator would keep them)
         import pyarrow as pa
 
         pa.default_memory_pool().release_unused()
     return measured
 
 
-def _chunk_lengths(pf_dict, group: int, column: str, path: str, reader_error) -> list:
-    """Per-row cell lengths of leaf ``path`` (of top-level ``column``) in row group ``group``,
-    read with its dictionary kept: memory holds the dictionary and the indices, never the
-    repeated values."""
+def _chunk_lengths(pf_dict, group: int, leaves: dict[str, str], path: str,
+                   reader_error) -> tuple[int, list | None]:
+    """(bytes, per-row lengths or None) of leaf ``path``'s cells in row group ``group``: its
+    top-level column read with every dictionary kept, so memory holds dictionaries and indices,
+    never repeated values.  Per-row lengths only for a leaf with one value per row (a plain
+    column, a struct field); a leaf inside lists gives its total."""
     import pyarrow as pa
 
+    column = leaves[path]
+    k = [p for p, top in leaves.items() if top == column].index(path)
     try:
         table = pf_dict.read_row_group(group, columns=[column], use_threads=False)
     except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
         raise reader_error(exc) from None
-    array = struct_field(table.column(0).combine_chunks(), tuple(path.split(".")[1:])
-                         if path != column else ())
-    return lengths(array)  # (a leaf pyarrow did not keep as a dictionary: decoded, one group)
+    sizes, per_row = [], True
+    for chunk in table.column(0).chunks:
+        leaf, aligned = list(_leaf_arrays(chunk, True))[k]
+        sizes += lengths(leaf)
+        per_row = per_row and aligned
+    return sum(s for s in sizes if s is not None), (sizes if per_row else None)
+
+
+def _leaf_arrays(array, aligned: bool):
+    """``(array, one value per row)`` of each leaf of an Arrow array, in Parquet's leaf order
+    (struct fields in order, list elements flattened, map keys then values)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = array.type
+    if pa.types.is_struct(t):
+        for j in range(t.num_fields):
+            yield from _leaf_arrays(pc.struct_field(array, [j]), aligned)
+    elif pa.types.is_map(t):
+        yield from _leaf_arrays(array.keys, False)
+        yield from _leaf_arrays(array.items, False)
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        yield from _leaf_arrays(array.flatten(), False)
+    else:
+        yield array, aligned
 
 
 def distinct_values(array) -> list:
