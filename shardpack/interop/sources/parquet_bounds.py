@@ -108,7 +108,7 @@ def dictionary_chunks(meta, leaves: dict[str, str]) -> dict[str, list[int]]:
 
 def measure(pf_dict, meta, leaves: dict[str, str], expansion: Expansion,
             reader_error) -> dict[str, dict[int, list]]:
-    """Count every column chunk of the file against ``expansion`` before any row is read, and
+    """Count every column chunk of ``leaves`` against ``expansion`` before any row is read, and
     return ``{leaf path: {row group: per-row cell lengths (None for a null)}}`` of the
     dictionary chunks among ``leaves`` (leaf path -> top-level column) that had to be measured
     and hold one value per row (``pf_dict`` reads every dictionary leaf with its dictionary
@@ -125,6 +125,8 @@ def measure(pf_dict, meta, leaves: dict[str, str], expansion: Expansion,
         group = meta.row_group(g)
         for i in range(meta.num_columns):
             chunk, path = group.column(i), meta.schema.column(i).path
+            if path not in leaves:  # a column not converted (``__`` columns) decodes nothing
+                continue
             if g in risky.get(path, ()):
                 values = max(group.num_rows, chunk.num_values)
                 later.append((g, path, values * chunk.total_uncompressed_size))
