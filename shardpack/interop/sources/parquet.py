@@ -47,6 +47,10 @@ from shardpack.storage import storage_options_by_keyword
 from shardpack.write.fields import FieldReader, open_container
 from shardpack.write.samples import SourceField
 from shardpack.interop.sources.base import ContainerSource, inline
+from shardpack.interop.sources.parquet_bounds import (Expansion, cells, check_claims,
+                                                      dictionary_chunks, distinct_values,
+                                                      index_in, lengths, measure, read_leaves,
+                                                      struct_field)
 from shardpack.interop.sources.parquet_schema import ENCODERS, plan_columns
 
 BATCH_BYTES = 16 << 20   # target uncompressed bytes of one record batch
@@ -167,7 +171,7 @@ class ParquetSource(ContainerSource):
                                           path=shown)
                 if not columns:
                     raise SourceError("no column can become a field", path=shown)
-                yield from self._rows(pf, columns, key_col, shown, name)
+                yield from self._rows(pf, columns, key_col, shown, name, f)
 
     def _label_classes(self, names: list[str]) -> tuple[list[str], str] | None:
         """Before any row: check ``label_column`` in every file (an error names the first file
@@ -175,7 +179,6 @@ class ParquetSource(ContainerSource):
         file: the sorted distinct values are the class names.  Returns (class names, file) of a
         ClassLabel label, for the main pass to compare each file's with, else None."""
         pa, pq = import_pyarrow()
-        import pyarrow.compute as pc
 
         col = self.label_column
         values: set = set()
@@ -196,11 +199,17 @@ class ParquetSource(ContainerSource):
                     if classes is not None and named is None:
                         named = (classes, shown)
                     continue
+                check_claims(pf.metadata, shown)
+                # read with its dictionary kept, a row group at a time: a value repeated in
+                # many rows is made once (a dictionary chunk decoded whole could be a bomb)
+                pf = pq.ParquetFile(f, metadata=pf.metadata, buffer_size=BUFFER_SIZE,
+                                    read_dictionary=[col])
                 try:
-                    for batch in pf.iter_batches(batch_size=1 << 16, columns=[col],
-                                                 use_threads=False):
-                        values.update(pc.unique(batch.column(0)).to_pylist())
-                except (pa.ArrowException, OSError, ValueError) as exc:
+                    for g in range(pf.metadata.num_row_groups):
+                        table = pf.read_row_group(g, columns=[col], use_threads=False)
+                        for chunk in table.column(0).chunks:
+                            values.update(distinct_values(chunk))
+                except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
                     raise SourceError(f"cannot read label column {col!r}: {exc}",
                                       path=shown) from None
         if first_kind and first_kind[0] == "classname":
@@ -212,7 +221,7 @@ class ParquetSource(ContainerSource):
             self.report.classes = list(named[0])
         return named
 
-    def _rows(self, pf, columns, key_col, shown, name):
+    def _rows(self, pf, columns, key_col, shown, name, f):
         """The file's samples, one record batch at a time.  Binary and ``{bytes, path}`` cells
         are not copied out here: only their lengths are taken, and the fields refer to (file,
         column, row) for the shard writers to read."""
@@ -220,19 +229,14 @@ class ParquetSource(ContainerSource):
         import pyarrow.compute as pc
 
         url, mtime = self.url(name), self.mtime_ns(name)
-        meta = pf.metadata
-        estimated = _estimated_sizes(meta, [c for c in columns if c[1] == "binary"])
-        blocks = _row_group_starts(meta)  # first row of each row group -> its bytes
-        wanted = [c[0] for c in columns if c[0] not in estimated] + ([key_col] if key_col else [])
-        row_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-        rows = max(1, min(MAX_BATCH_ROWS, BATCH_BYTES * max(1, meta.num_rows)
-                          // max(1, row_bytes)))
+        estimated, wanted, rows = _read_plan(pf, f, columns, key_col, shown)
+        blocks = _row_group_starts(pf.metadata)  # first row of each row group -> its bytes
         batches = pf.iter_batches(batch_size=rows, columns=wanted, use_threads=False)
         row = 0
         while True:
             try:
                 batch = next(batches, None)
-            except (pa.ArrowException, OSError, ValueError) as exc:
+            except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
                 raise SourceError(f"cannot read the rows after row {row}: {exc}",
                                   path=shown) from None
             if batch is None:
@@ -267,17 +271,14 @@ class ParquetSource(ContainerSource):
                 continue
             array = batch.column(col)
             if kind == "binary":
-                values.append((col, kind, field, pc.binary_length(array).to_pylist(), None))
+                values.append((col, kind, field, lengths(array), None))
             elif kind == "file":
                 data = pc.struct_field(array, "bytes")
                 paths = pc.struct_field(array, "path").to_pylist()
                 valid = array.is_valid().to_pylist()
-                values.append((col, kind, field, pc.binary_length(data).to_pylist(),
-                               (paths, valid)))
+                values.append((col, kind, field, lengths(data), (paths, valid)))
             elif kind == "classname":  # a string label -> its index among the classes
-                if pa.types.is_dictionary(array.type):
-                    array = array.dictionary_decode()
-                index = pc.index_in(array, value_set=self._class_names.cast(array.type))
+                index = index_in(array, self._class_names)
                 values.append((col, "label", field, index.to_pylist(), None))
             else:
                 values.append((col, kind, field, array.to_pylist(), None))
@@ -324,12 +325,40 @@ def _row_group_starts(meta) -> dict[int, int]:
     return blocks
 
 
-def _estimated_sizes(meta, binary_columns) -> dict[str, list[int]]:
+def _read_plan(pf, f, columns, key_col, shown) -> tuple[dict, list[str], int]:
+    """``(estimated sizes, columns to read, rows per batch)`` of one open file, once its
+    metadata claims are checked and what its cells decode to is counted against the expansion
+    cap (``parquet_bounds``): batches are cut so that the largest measured cell of a column read
+    here keeps a batch near BATCH_BYTES."""
+    meta = pf.metadata
+    check_claims(meta, shown)
+    leaves = read_leaves(meta, [c for c, _, _ in columns] + ([key_col] if key_col else []))
+    risky = dictionary_chunks(meta, leaves)
+    pf_dict = None
+    if risky:  # the same open file, read again with those leaves' dictionaries kept
+        pq = import_pyarrow()[1]
+        pf_dict = pq.ParquetFile(f, metadata=meta, buffer_size=BUFFER_SIZE,
+                                 read_dictionary=list(risky))
+    measured = measure(pf_dict, meta, leaves, Expansion(meta, shown),
+                       lambda exc: SourceError(f"cannot read the file: {exc}", path=shown))
+    estimated = _estimated_sizes(meta, [c for c in columns if c[1] == "binary"], measured)
+    wanted = [c[0] for c in columns if c[0] not in estimated] + ([key_col] if key_col else [])
+    largest = max((s or 0 for path, groups in measured.items() if leaves[path] in wanted
+                   for sizes in groups.values() for s in sizes), default=0)
+    row_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    rows = max(1, min(MAX_BATCH_ROWS, BATCH_BYTES * max(1, meta.num_rows) // max(1, row_bytes),
+                      BATCH_BYTES // max(1, largest)))
+    return estimated, wanted, rows
+
+
+def _estimated_sizes(meta, binary_columns, measured) -> dict[str, list]:
     """For binary columns without nulls (the row groups' statistics say so), per-row sizes
     estimated from the metadata (each row group's uncompressed column bytes / rows), so this
     process need not read (decompress) the column at all: the shard writers read it once.  The
     plan only needs sizes to cut shards; the written bytes and counts are the real ones.  A
-    column with nulls, or without statistics, is read here to know its exact rows."""
+    dictionary chunk that was measured (``measured``: its exact lengths) may repeat values, so
+    its sizes are the measured ones.  A column with nulls, or without statistics, is read here
+    to know its exact rows."""
     index = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
     out = {}
     for col, _, _ in binary_columns:
@@ -341,6 +370,9 @@ def _estimated_sizes(meta, binary_columns) -> dict[str, list[int]]:
             chunk = meta.row_group(g).column(i)
             stats = chunk.statistics
             rows = meta.row_group(g).num_rows
+            if g in measured.get(col, {}):
+                sizes += measured[col][g]
+                continue
             if stats is None or not stats.has_null_count or stats.null_count != 0:
                 break
             per_row = max(0, chunk.total_uncompressed_size - 8 * rows) // max(1, rows)
@@ -364,8 +396,10 @@ class ParquetCells(FieldReader):
     def __init__(self, fields, *, storage_options: dict | None = None):
         super().__init__(fields, storage_options=storage_options)
         self.columns: dict[str, set] = {}
+        self.largest: dict[str, int] = {}  # the largest cell of each file, as the plan says
         for f in fields:
             self.columns.setdefault(f.path, set()).add(f.column)
+            self.largest[f.path] = max(self.largest.get(f.path, 0), f.size)
         self.files: dict[str, tuple] = {}
         self.path = None
         self.group = -1
@@ -400,7 +434,7 @@ class ParquetCells(FieldReader):
     def _load(self, f) -> None:
         import bisect
 
-        pq = import_pyarrow()[1]  # the allocator setting, when this process imports it first
+        pa, pq = import_pyarrow()  # the allocator setting, when this process imports it first
         if f.path not in self.files:
             storage, name = open_container(f, storage_options=self.options)
             handle = storage.open_arrow(name)
@@ -417,51 +451,22 @@ class ParquetCells(FieldReader):
                               path=f.path)
         if f.path != self.path or group != self.group or f.offset < self.first:
             meta = pf.metadata.row_group(group)
-            rows = max(1, self.BATCH_BYTES * meta.num_rows // max(1, meta.total_byte_size))
+            # the planned sizes count repeated dictionary values, the metadata does not
+            rows = max(1, min(self.BATCH_BYTES * meta.num_rows // max(1, meta.total_byte_size),
+                              self.BATCH_BYTES // max(1, self.largest[f.path])))
             top = sorted({c[0] for c in self.columns[f.path]})
             self.batches = pf.iter_batches(batch_size=rows, row_groups=[group], columns=top,
                                            use_threads=False)
             self.path, self.group = f.path, group
             self.first = self.stop = starts[group]
         while not self.first <= f.offset < self.stop:
-            batch = next(self.batches, None)
+            try:
+                batch = next(self.batches, None)
+            except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
+                raise SourceError(f"cannot read row group {group}: {exc}", path=f.path) from None
             if batch is None:  # the file has fewer rows than its metadata says
                 raise SourceError(f"row {f.offset} is missing from row group {group}",
                                   path=f.path, hint="convert again once the source is stable")
-            self.values = {column: _cells(_struct_field(batch.column(column[0]), column[1:]))
+            self.values = {column: cells(struct_field(batch.column(column[0]), column[1:]))
                            for column in self.columns[f.path]}
             self.first, self.stop = self.stop, self.stop + batch.num_rows
-
-
-def _struct_field(array, parts: tuple):
-    """The struct field ``parts`` (a path of names) of an Arrow array."""
-    import pyarrow.compute as pc
-
-    for part in parts:
-        array = pc.struct_field(array, part)
-    return array
-
-
-class _Cells:
-    """The cells of an Arrow binary array without a copy each: slices of its data buffer."""
-
-    def __init__(self, offsets, data: memoryview):
-        self.offsets, self.data = offsets, data
-
-    def __getitem__(self, i: int) -> memoryview:
-        return self.data[int(self.offsets[i]):int(self.offsets[i + 1])]
-
-
-def _cells(array):
-    """Indexable cells of a binary Arrow array: zero-copy for plain binary without nulls."""
-    import numpy as np
-    import pyarrow as pa
-
-    t = array.type
-    if array.null_count == 0 and (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
-        width = 8 if pa.types.is_large_binary(t) else 4
-        _, offsets, data = array.buffers()
-        offsets = np.frombuffer(offsets, dtype=f"<i{width}", count=len(array) + 1,
-                                offset=array.offset * width)
-        return _Cells(offsets, memoryview(data) if data is not None else memoryview(b""))
-    return array.to_pylist()
