@@ -188,6 +188,20 @@ def test_skip_bad_skips_and_counts_an_outside_link(case, tmp_path):
     assert manifest["skipped"] == {"link-outside": 1}
 
 
+@pytest.mark.parametrize("case", ["mds-shard", "litdata-chunk"])
+def test_an_outside_index_is_refused_with_skip_bad_too(case, tmp_path):
+    src, _ = _source(tmp_path, case)
+    outside = tmp_path / "index.json"
+    os.replace(src / "index.json", outside)
+    os.symlink(outside, src / "index.json")
+    line = _one_line_error(_convert(src, tmp_path / "out", "--skip-bad"), src / "index.json",
+                           "symlink points outside the source", "--follow-links")
+    assert "--skip-bad" not in line
+    result = _convert(src, tmp_path / "out", "--follow-links")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "followed 1 link leading outside SRC" in result.stdout, result.stdout
+
+
 def test_a_link_inside_src_is_read(tmp_path):
     src, target = _source(tmp_path, "webdataset-tar")
     (src / "kept").mkdir()

@@ -23,9 +23,9 @@ from shardpack.write.samples import SourceField, SourceReport, SourceSample, che
 from shardpack.storage import Storage, within
 from shardpack.write.walk import refusal
 
-SOURCE_FILE_HINT = "fix or remove it, or pass --skip-bad to skip and count such files"
-SOURCE_FILE_HINTS = {"link-outside": "pass --follow-links to read what it points to, or "
-                                     "--skip-bad to skip and count such files"}
+# what to do about a source file refused (by bad-entry kind), and then ", or" the skip
+SOURCE_FILE_HINTS = {"link-outside": "pass --follow-links to read what it points to"}
+SKIP_HINT = "pass --skip-bad to skip and count such files"
 
 
 class ContainerSource:
@@ -78,7 +78,7 @@ class ContainerSource:
                               path=self.src, hint="check SRC and --from")
         return [n for n in names if self.source_file(n)]
 
-    def source_file(self, name: str) -> bool:
+    def source_file(self, name: str, required: bool = False) -> bool:
         """Whether the source's file ``name`` may be read, by ``pack``'s rule for the files it
         packs (shardpack/write/walk.py ``refusal``): a regular file, and a link leading outside
         SRC only with ``follow_links`` (then counted).  Anything else is a bad entry: an error
@@ -88,14 +88,17 @@ class ContainerSource:
 
         Args:
             name: a path relative to :attr:`storage`.
+            required: the source cannot do without it (its index): an error even with
+                ``skip_bad``.
         """
         kind, real, problem = self.storage.describe(name)
         if name == self.single:
             real = None  # SRC itself: followed wherever it leads, as pack follows SRC
         refused = refusal(kind, real, problem, self._root, self.follow_links, folders=False)
         if refused is not None:
-            self.report.bad(self.skip_bad, self.storage.display(name), refused[1], refused[0],
-                            SOURCE_FILE_HINTS.get(refused[0], SOURCE_FILE_HINT))
+            hint = SOURCE_FILE_HINTS.get(refused[0], "fix or remove it")
+            self.report.bad(self.skip_bad and not required, self.storage.display(name),
+                            refused[1], refused[0], hint if required else f"{hint}, or {SKIP_HINT}")
             return False
         self.report.followed += real is not None and not within(real, self._root)
         return True
@@ -105,6 +108,7 @@ class ContainerSource:
         import json
 
         shown = self.storage.display(name)
+        self.source_file(name, required=True)
         try:
             return json.loads(self.storage.read_bytes(name)), shown
         except ValueError as exc:
