@@ -202,6 +202,14 @@ def test_an_outside_index_is_refused_with_skip_bad_too(case, tmp_path):
     assert "followed 1 link leading outside SRC" in result.stdout, result.stdout
 
 
+def test_a_missing_shard_is_still_named_missing_and_a_broken_link_broken(tmp_path):
+    src, target = _source(tmp_path, "mds-shard")
+    target.unlink()
+    _one_line_error(_convert(src, tmp_path / "out"), target, "file is missing")
+    os.symlink(src / "nothing", target)
+    _one_line_error(_convert(src, tmp_path / "out"), target, "broken symlink")
+
+
 def test_a_link_inside_src_is_read(tmp_path):
     src, target = _source(tmp_path, "webdataset-tar")
     (src / "kept").mkdir()

@@ -94,6 +94,8 @@ class ContainerSource:
         kind, real, problem = self.storage.describe(name)
         if name == self.single:
             real = None  # SRC itself: followed wherever it leads, as pack follows SRC
+        if problem is not None and problem[0] == "missing" and real is None:
+            return True  # no such file, and no link to nothing: its read says it is missing
         refused = refusal(kind, real, problem, self._root, self.follow_links, folders=False)
         if refused is not None:
             hint = SOURCE_FILE_HINTS.get(refused[0], "fix or remove it")
