@@ -149,7 +149,7 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
     """Convert a dataset in another format into a shardpack dataset at ``out``.
 
     Takes the options of :func:`shardpack.pack` but the file walk's (``layout``, ``group``,
-    ``follow_links``, ``allow_empty_classes``, ``part``) as keywords (each a field of
+    ``allow_empty_classes``, ``part``) as keywords (each a field of
     :class:`~shardpack.write.options.PackOptions`; the old ``format=`` and ``skip_bad=`` still
     work, with a DeprecationWarning), or all at once as ``options=PackOptions(...)``.
 
@@ -187,8 +187,10 @@ def convert(src, out, *, from_: str = "auto", allow_pickle: bool = False,
     options = dataclasses.replace(options, layout=name)
     extra = {"label_column": label_column} if label_column is not None else {}
     source = source_class(name)(src, storage_options=storage_options, skip_bad=options.skip_bad,
-                                allow_pickle=allow_pickle, **extra)
-    origin = {"source": source.origin, "from": name,
-              "allow_pickle": allow_pickle, **extra}
+                                allow_pickle=allow_pickle, follow_links=options.follow_links,
+                                **extra)
+    # --follow-links decides which files are read: recorded as pack records it (absent when off)
+    origin = {"source": source.origin, "from": name, "allow_pickle": allow_pickle, **extra,
+              **({"follow_links": True} if options.follow_links else {})}
     return pack_source(source, out, options, origin=origin, executor=executor,
                        storage_options=storage_options, source_options=storage_options)

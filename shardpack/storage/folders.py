@@ -62,6 +62,18 @@ class Folders(abc.ABC):
             names: file names, the one that matters most first.
         """
 
+    def describe(self, name: str) -> tuple[str | None, str | None, tuple[str, str] | None]:
+        """(kind, real, problem) of the one entry ``name``, as :meth:`scan` tells them, links
+        followed: ``real`` its real path when a link is on the way (a converter's source file
+        is judged by the walk's rule, shardpack/write/walk.py ``refusal``).  Here a file with
+        no link and no problem: a store has neither links nor special files, and a missing
+        object is told by its read.
+
+        Args:
+            name: a path relative to the root.
+        """
+        return "file", None, None
+
     @abc.abstractmethod
     def every_folder(self, names: list[str]) -> bool:
         """Whether every one of ``names`` (entries of the root) is a folder.

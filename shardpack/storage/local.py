@@ -4,6 +4,7 @@ with links and special files told apart, flock-able lock files."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import stat
 import uuid
@@ -16,7 +17,7 @@ from fsspec.implementations.local import LocalFileSystem
 from shardpack import format as fmt
 from shardpack.core.errors import DatasetNotFoundError, PackError, RESUME
 from shardpack.storage.base import TEMP_MARK, Storage, within
-from shardpack.storage.regular import file_kind, read_regular, read_span
+from shardpack.storage.regular import file_kind, open_regular, read_regular, read_span
 
 # os.link errors that mean "no hard link here", not "something is wrong": another file system,
 # links not allowed (protected_hardlinks, FAT, some FUSE), too many links
@@ -163,6 +164,20 @@ class LocalStorage(Storage):
         """
         return any(os.path.lexists(f"{folder}/{name}") for name in names)
 
+    def describe(self, name: str) -> tuple[str | None, str | None, tuple[str, str] | None]:
+        """See :meth:`Storage.describe`: one stat (links followed) and the real path.
+
+        Args:
+            name: a path relative to the root.
+        """
+        path = self.path(name)
+        real = os.path.realpath(path)
+        real = None if real == os.path.abspath(path) else real
+        try:
+            return _mode_kind(os.stat(path).st_mode), real, None
+        except OSError as exc:
+            return None, real, _stat_problem(exc)
+
     def every_folder(self, names: list[str]) -> bool:
         """Whether every one of ``names`` is a folder (links followed).
 
@@ -255,19 +270,40 @@ class LocalStorage(Storage):
         return read_regular(self.path(name), self.display(name), "manifest",
                             limit=self._manifest_cap(name))
 
+    @contextmanager
+    def open(self, name: str, mode: str = "rb"):
+        """The file ``name``, open (a context manager): for reading, a regular file only
+        (shardpack/storage/regular.py), so a FIFO put in its place is refused, never waited on.
+
+        Args:
+            name: a path relative to the root.
+            mode: the mode to open it in.
+        """
+        if mode != "rb":
+            with super().open(name, mode) as f:
+                yield f
+            return
+        fd, _ = open_regular(self.path(name), self.display(name), file_kind(name))
+        with os.fdopen(fd, "rb") as f:
+            yield f
+
     def open_arrow(self, name: str):
         """A memory map of ``name`` for pyarrow: it reads it without a Python file object in
-        the way (docs/benchmarks.md, "Converting").
+        the way (docs/benchmarks.md, "Converting").  A regular file only, mapped from the fd
+        that was checked (shardpack/storage/regular.py): a FIFO is refused, never waited on.
 
         Args:
             name: a path relative to the root.
         """
         import pyarrow as pa
 
+        fd, st = open_regular(self.path(name), self.display(name), file_kind(name))
         try:
-            return pa.memory_map(self.path(name))
-        except FileNotFoundError:
-            raise DatasetNotFoundError("file is missing", path=self.display(name)) from None
+            if not st.st_size:  # (mmap refuses an empty file; pyarrow then says what is wrong)
+                return pa.BufferReader(b"")
+            return pa.BufferReader(pa.py_buffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ)))
+        finally:
+            os.close(fd)  # the map holds the file
 
     @contextmanager
     def open_atomic(self, name: str) -> Iterator:
@@ -329,23 +365,29 @@ def _classify(entry: os.DirEntry, path: str) -> tuple:
         else:
             st = entry.stat(follow_symlinks=False)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            problem = ("link-loop", "symlink loop")
-        elif isinstance(exc, FileNotFoundError):
-            problem = ("missing", "broken symlink or file vanished during the walk")
-        else:
-            problem = ("unreadable", f"cannot stat: {exc.strerror}")
-        return entry.name, path, None, None, 0, real, problem
-    mode = st.st_mode
-    if stat.S_ISDIR(mode):
-        kind = "dir"
-    elif stat.S_ISREG(mode):
-        kind = "file"
-    else:
-        kind = ("FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
-                else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file")
+        return entry.name, path, None, None, 0, real, _stat_problem(exc)
+    kind = _mode_kind(st.st_mode)
     return (entry.name, path, kind, st.st_size if kind == "file" else None, st.st_mtime_ns,
             real, None)
+
+
+def _stat_problem(exc: OSError) -> tuple[str, str]:
+    """(bad-entry kind, reason) of an entry whose stat failed."""
+    if exc.errno == errno.ELOOP:
+        return "link-loop", "symlink loop"
+    if isinstance(exc, FileNotFoundError):
+        return "missing", "broken symlink or file vanished during the walk"
+    return "unreadable", f"cannot stat: {exc.strerror}"
+
+
+def _mode_kind(mode: int) -> str:
+    """'file', 'dir', or the kind of a special file, for messages."""
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISREG(mode):
+        return "file"
+    return ("FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
+            else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file")
 
 
 def _fsync_dir(path: str) -> None:

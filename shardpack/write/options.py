@@ -82,10 +82,10 @@ class PackOptions:
         "(0001.jpg + 0001.seg.png). auto: image for ImageFolder trees of images, webdataset "
         "otherwise.", choices=GROUPS, noun="grouping", commands=PACK, recorded=True)
     follow_links: bool = option(
-        False, "Pack what links leading outside SRC point to, files and folders alike (counted "
+        False, "Read what links leading outside SRC point to, files and folders alike (counted "
         "in the summary). Without it such a link is an error naming it, or skipped and counted "
         "as link-outside with --skip-bad. Links inside SRC always work; a link loop is an error "
-        "naming it (link-loop with --skip-bad).", commands=PACK)
+        "naming it (link-loop with --skip-bad).", commands=("pack", "convert"))
     allow_empty_classes: bool = option(
         False, "Keep a class folder that holds no sample as a class (its label is taken, as "
         "torchvision's ImageFolder(allow_empty=True)). Without it such a folder is an error "

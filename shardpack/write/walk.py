@@ -225,22 +225,14 @@ class FolderWalk:
                 ancestors: set[str]) -> str | None:
         """'file' or 'dir' for a folder, a link or an entry stat refused, after the rules for
         links (outside SRC, loops) and special files; None after reporting a bad entry."""
-        outside = real is not None and not within(real, self.root)
-        if outside and not self.follow_links:
-            self._bad(path, f"symlink points outside the source ({real})", "link-outside")
+        refused = refusal(kind, real, problem, self.root, self.follow_links)
+        if refused is None and real is not None and kind == "dir" and real in ancestors:
+            refused = "link-loop", f"symlink loop: links back to {real}, a folder it lies in"
+        if refused is not None:
+            self._bad(path, refused[1], refused[0])
             return None
-        if problem is not None:
-            self._bad(path, problem[1], problem[0])
-            return None
-        if real is not None and kind == "dir" and real in ancestors:
-            self._bad(path, f"symlink loop: links back to {real}, a folder it lies in",
-                      "link-loop")
-            return None
-        self.report.followed += outside
-        if kind in ("dir", "file"):
-            return kind
-        self._bad(path, f"is a {kind}, not a regular file (never opened)", "special")
-        return None
+        self.report.followed += real is not None and not within(real, self.root)
+        return kind
 
     def _usable_name(self, name: str, path: str) -> bool:
         """Hidden names are counted, names that are not UTF-8 are bad entries."""
@@ -291,6 +283,31 @@ class FolderWalk:
         group.append(extra)
         group.sort()
         return SourceSample(key, tuple(group))
+
+
+def refusal(kind: str | None, real: str | None, problem: tuple[str, str] | None, root: str,
+            follow_links: bool, folders: bool = True) -> tuple[str, str] | None:
+    """Pack's rule for one entry a storage's scan reports (or a converter's source file,
+    shardpack/interop/sources/base.py): (bad-entry kind, reason) when it must not be read, else
+    None.  Refused: a link leading outside ``root`` (SRC's real path) without
+    ``follow_links``, an entry stat refused, a special file, a folder unless ``folders``.
+
+    Args:
+        kind: 'file', 'dir', a special file's kind, or None (``problem`` says why).
+        real: its real path when a link is on the way, else None.
+        problem: (bad-entry kind, reason) of an entry that cannot be told, or None.
+        root: the real path of SRC.
+        follow_links: whether links leading outside SRC are read.
+        folders: whether a folder is wanted here (the walk) or a file only (a converter).
+    """
+    if real is not None and not follow_links and not within(real, root):
+        return "link-outside", f"symlink points outside the source ({real})"
+    if problem is not None:
+        return problem
+    if kind == "file" or (kind == "dir" and folders):
+        return None
+    what = "folder" if kind == "dir" else kind
+    return "special", f"is a {what}, not a regular file (never opened)"
 
 
 def _image_cut(name: str) -> tuple[str, str]:

@@ -20,7 +20,12 @@ from typing import ClassVar, Iterator
 from shardpack.core.errors import SKIP_BAD, SourceError
 from shardpack.format import check_field_name
 from shardpack.write.samples import SourceField, SourceReport, SourceSample, check_key, value_field
-from shardpack.storage import Storage
+from shardpack.storage import Storage, within
+from shardpack.write.walk import refusal
+
+# what to do about a source file refused (by bad-entry kind), and then ", or" the skip
+SOURCE_FILE_HINTS = {"link-outside": "pass --follow-links to read what it points to"}
+SKIP_HINT = "pass --skip-bad to skip and count such files"
 
 
 class ContainerSource:
@@ -35,19 +40,23 @@ class ContainerSource:
         skip_bad: bad samples are skipped and counted instead of stopping the conversion.
         allow_pickle: pickled values are carried as their bytes instead of refused (they are
             never unpickled).
+        follow_links: source files that are links leading outside ``src`` are read (counted)
+            instead of refused (:meth:`source_file`).
     """
 
     format: ClassVar[str] = ""
     suffixes: ClassVar[tuple[str, ...]] = ()  # file names this format is made of
 
     def __init__(self, src: str | os.PathLike, *, storage_options: dict | None = None,
-                 skip_bad: bool = False, allow_pickle: bool = False):
+                 skip_bad: bool = False, allow_pickle: bool = False, follow_links: bool = False):
         self.src = os.fspath(src)
         self.storage_options = dict(storage_options or {})
         self.skip_bad = skip_bad
         self.allow_pickle = allow_pickle
+        self.follow_links = follow_links
         self.report = SourceReport(layout=self.format)
         self.storage, self.single = _locate(self.src, self.storage_options)
+        self._root = self.storage.real(self.storage.location())  # links are judged by it
         self._count = 0
 
     # -- for subclasses ----------------------------------------------------------------------
@@ -61,19 +70,47 @@ class ContainerSource:
         source is that file."""
         suffixes = suffixes or self.suffixes
         if self.single is not None:
-            return [self.single]
+            return [self.single] if self.source_file(self.single) else []
         names = [n for n in self.storage.listdir() if n.endswith(suffixes)
                  and not n.startswith(".")]
         if not names:
             raise SourceError(f"no {self.format} files ({', '.join(suffixes)}) found",
                               path=self.src, hint="check SRC and --from")
-        return names
+        return [n for n in names if self.source_file(n)]
+
+    def source_file(self, name: str, required: bool = False) -> bool:
+        """Whether the source's file ``name`` may be read, by ``pack``'s rule for the files it
+        packs (shardpack/write/walk.py ``refusal``): a regular file, and a link leading outside
+        SRC only with ``follow_links`` (then counted).  Anything else is a bad entry: an error
+        naming it, or with ``skip_bad`` skipped and counted (False).  Every converter asks this
+        of each file before it opens it; the open itself takes regular files only
+        (shardpack/storage/regular.py), so a FIFO is never waited on.
+
+        Args:
+            name: a path relative to :attr:`storage`.
+            required: the source cannot do without it (its index): an error even with
+                ``skip_bad``.
+        """
+        kind, real, problem = self.storage.describe(name)
+        if name == self.single:
+            real = None  # SRC itself: followed wherever it leads, as pack follows SRC
+        if problem is not None and problem[0] == "missing" and real is None:
+            return True  # no such file, and no link to nothing: its read says it is missing
+        refused = refusal(kind, real, problem, self._root, self.follow_links, folders=False)
+        if refused is not None:
+            hint = SOURCE_FILE_HINTS.get(refused[0], "fix or remove it")
+            self.report.bad(self.skip_bad and not required, self.storage.display(name),
+                            refused[1], refused[0], hint if required else f"{hint}, or {SKIP_HINT}")
+            return False
+        self.report.followed += real is not None and not within(real, self._root)
+        return True
 
     def read_json(self, name: str = "index.json"):
         """(parsed JSON file ``name`` of the source folder, its display name for messages)."""
         import json
 
         shown = self.storage.display(name)
+        self.source_file(name, required=True)
         try:
             return json.loads(self.storage.read_bytes(name)), shown
         except ValueError as exc:

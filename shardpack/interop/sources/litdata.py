@@ -153,6 +153,8 @@ class LitDataSource(ContainerSource):
     # -- one chunk ---------------------------------------------------------------------------
     def _chunk(self, chunk, shown: str):
         name, count, nbytes = _chunk_entry(chunk, shown)
+        if not self.source_file(name):
+            return
         where = self.storage.display(name)
         src, offsets, url, mtime = self._chunk_items(name, count, nbytes, where)
         if offsets[-1] != src.size and src.get(src.size - 8, src.size) == FOOTER_MAGIC:

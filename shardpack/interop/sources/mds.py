@@ -115,6 +115,8 @@ class MDSSource(ContainerSource):
 
     # -- one shard ---------------------------------------------------------------------------
     def _shard(self, shard: Shard):
+        if not self.source_file(shard.zip_name or shard.raw_name):
+            return
         columns = shard.columns
         src, url, mtime = self._shard_bytes(shard)
         offsets = _sample_offsets(src, shard.samples, shard.raw_bytes)

@@ -115,7 +115,7 @@ class ParquetSource(ContainerSource):
             suffixes: unused (always ``.parquet``).
         """
         if self.single is not None:
-            return [self.single]
+            return [self.single] if self.source_file(self.single) else []
         root = self.storage.root.rstrip("/")
         try:
             found = self.storage.fs.find(root)
@@ -134,7 +134,7 @@ class ParquetSource(ContainerSource):
         if not names:
             raise SourceError("no .parquet files found (searched sub-folders too)",
                               path=self.src, hint="check SRC and --from")
-        return sorted(names)
+        return [n for n in sorted(names) if self.source_file(n)]
 
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
         """``(key or None, fields, where[, block bytes])`` of each row of each file; a row
