@@ -41,7 +41,8 @@ import time
 from dataclasses import dataclass, field
 
 from shardpack import format as fmt
-from shardpack.core.errors import RESUME, FileSystemError, PackError, ShardpackError, SourceError
+from shardpack.core.errors import (OVERWRITE, RESUME, FileSystemError, PackError,
+                                   ShardpackError, SourceError)
 from shardpack.core.sizes import parse_size
 from shardpack.read.reader import open_reader
 from shardpack.storage import Storage, is_temp_name
@@ -265,7 +266,7 @@ def _prepare(storage: Storage, overwrite: bool) -> None:
     names = [n for n in storage.listdir() if not is_temp_name(n) and n != LOCK_NAME]
     if names and not overwrite:
         raise ShardpackError("output folder is not empty", path=storage.url,
-                             hint="choose a new folder, or pass --overwrite to replace an "
+                             hint=f"choose a new folder, or pass {OVERWRITE} to replace an "
                                   "earlier export there")
     foreign = [n for n in names if not _OURS.fullmatch(n)]
     if foreign:
@@ -289,7 +290,7 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
         name != LOCK_NAME for name in os.listdir(out)))
     if busy and not overwrite:
         raise ShardpackError("output exists and is not an empty folder", path=out,
-                             hint="choose a new folder, or pass --overwrite to replace it")
+                             hint=f"choose a new folder, or pass {OVERWRITE} to replace it")
     if busy and not os.path.isdir(out):
         raise ShardpackError("output exists and is not a folder", path=out)
     if busy and Storage(out, storage_options).contains(reader.storage) is not None:

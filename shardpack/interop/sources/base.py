@@ -17,15 +17,16 @@ from __future__ import annotations
 import os
 from typing import ClassVar, Iterator
 
-from shardpack.core.errors import SKIP_BAD, SourceError
+from shardpack.core.errors import SKIP_BAD, SourceError, option_hint
 from shardpack.format import check_field_name
 from shardpack.write.samples import SourceField, SourceReport, SourceSample, check_key, value_field
 from shardpack.storage import Storage, within
 from shardpack.write.walk import refusal
 
 # what to do about a source file refused (by bad-entry kind), and then ", or" the skip
-SOURCE_FILE_HINTS = {"link-outside": "pass --follow-links to read what it points to"}
-SKIP_HINT = "pass --skip-bad to skip and count such files"
+SOURCE_FILE_HINTS = {"link-outside": f"pass {option_hint('follow_links')} to read what it "
+                                     "points to"}
+SKIP_HINT = f"pass {SKIP_BAD} to skip and count such files"
 
 
 class ContainerSource:
