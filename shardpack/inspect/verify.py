@@ -365,8 +365,9 @@ class _Checks:
         except ShardpackError as exc:
             self.problems.append(Problem(path, exc.message, key))
             return
-        if self.decode and not large:  # (a record read in chunks: its images are not held)
-            self.others += _check_images(index, row, payload, path, key)
+        if self.decode:  # (a record read in chunks holds its fields under CHUNK only)
+            held = chunked.CHUNK if large else None
+            self.others += _check_images(index, row, payload, path, key, held)
         if self.cls_column is not None:
             why = _note_cls(index, row, payload, path, self.report, key,
                             self.classes)
@@ -396,13 +397,14 @@ def _note_cls(index: fmt.ShardIndex, row: int, payload, path: str, report, key: 
     return None
 
 
-def _check_images(index: fmt.ShardIndex, row: int, payload, path: str,
-                  key: str) -> list[Problem]:
+def _check_images(index: fmt.ShardIndex, row: int, payload, path: str, key: str,
+                  held: int | None = None) -> list[Problem]:
+    """Image fields that do not decode in full (those under ``held`` bytes, where given)."""
     from shardpack.images.content import check_image_full, is_image_field
 
     out = []
     for name, off, size in index.sample_fields(row):
-        if not is_image_field(name):
+        if not is_image_field(name) or held is not None and size >= held:
             continue
         why = check_image_full(bytes(payload[off:off + size]), name)
         if why:
