@@ -366,3 +366,22 @@ def test_a_merge_of_two_parts_in_the_kind_verifies(kind, tmp_path):
     assert report.samples == summary.samples == 12 and report.shards == summary.shards
     reader = shardpack.open_reader(out, storage_options=kind.options)
     assert {reader.read_sample(i)["__key__"] for i in range(len(reader))} == keys
+
+
+def test_verify_reads_a_large_shard_in_chunks_in_the_kind(kind, tmp_path, monkeypatch):
+    """A shard over verify's whole-read limit is checked in one pass of ranged reads through
+    the kind's storage, records over the record limit hashed in chunks: all of them pass."""
+    from shardpack.inspect import chunked
+
+    monkeypatch.setattr(chunked, "WHOLE_SHARD", 0)
+    monkeypatch.setattr(chunked, "WHOLE_RECORD", 2048)
+    monkeypatch.setattr(chunked, "CHUNK", 1000)
+    large = []
+    real = chunked.read_large_record
+    monkeypatch.setattr(chunked, "read_large_record",
+                        lambda index, row, chunks: large.append(row) or real(index, row, chunks))
+    files = {f"{i}.bin": bytes([i]) * (500 + 1500 * i) for i in range(5)}
+    url, _ = stored_pack(kind, make_tree(tmp_path / "src", files), tmp_path)
+    report = verify(url, storage_options=kind.options)
+    assert report.ok, report.problems
+    assert report.samples == 5 and len(large) == 4  # the records over 2 KB: all but 0.bin
