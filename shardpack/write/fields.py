@@ -205,29 +205,65 @@ class FileStream:
     def chunks(self):
         """The file's bytes, STREAM_CHUNK at a time, checked against the walk at the end."""
         f, crc, pos = self.field, 0, 0
-        try:
-            while pos < f.size:
-                chunk = os.pread(self.fd, min(STREAM_CHUNK, f.size - pos), pos)
-                if not chunk:
-                    break
-                crc = crc32c.crc32c(chunk, crc)
-                pos += len(chunk)
-                yield chunk
-            grew = pos == f.size and os.pread(self.fd, 1, pos)
-            st = os.fstat(self.fd)
-        except OSError as exc:
-            raise SourceError(f"cannot read: {exc.strerror}", path=f.path) from None
-        changed = self.crc is not None and crc != self.crc
-        if pos != f.size or grew or st.st_mtime_ns != f.mtime_ns or changed:
+        while pos < f.size:
+            chunk = self._read(pos, min(STREAM_CHUNK, f.size - pos))
+            if not chunk:
+                break
+            crc = crc32c.crc32c(chunk, crc)
+            pos += len(chunk)
+            yield chunk
+        if pos != f.size or self._grew() or self.crc is not None and crc != self.crc:
             raise SourceError("file changed while it was copied into the shard", path=f.path,
                               hint="pack again once the source is stable")
         self.crc = crc
+
+    def _read(self, pos: int, n: int) -> bytes:
+        try:
+            return os.pread(self.fd, n, pos)
+        except OSError as exc:
+            raise SourceError(f"cannot read: {exc.strerror}", path=self.field.path) from None
+
+    def _grew(self) -> bool:
+        """Whether the file has a byte past the walk's size, or another mtime."""
+        try:
+            return bool(os.pread(self.fd, 1, self.field.size)) or \
+                os.fstat(self.fd).st_mtime_ns != self.field.mtime_ns
+        except OSError as exc:
+            raise SourceError(f"cannot read: {exc.strerror}", path=self.field.path) from None
 
     def close(self) -> None:
         """Close the file."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class RemoteStream(FileStream):
+    """A large source file on object storage, copied in chunks by ranged reads: checked as
+    :class:`RemoteFiles` checks a file (it must still hold the walk's size; growth and changes
+    in place are not caught), and, between the two passes of a msgpack record, by CRC32C."""
+
+    def __init__(self, f: SourceField, storage: Storage):
+        self.field, self.crc, self.fd = f, None, -1
+        self.storage, self.name = storage, f.path.rpartition("/")[2]
+        try:
+            size = storage.size(self.name)
+        except DatasetNotFoundError:
+            raise SourceError("file vanished during the pack", path=f.path) from None
+        except (ShardpackError, OSError) as exc:
+            raise SourceError(f"cannot read: {exc}", path=f.path) from None
+        if size < f.size:
+            raise SourceError(f"file changed during the pack (size {f.size} -> {size})",
+                              path=f.path, hint="pack again once the source is stable")
+
+    def _read(self, pos: int, n: int) -> bytes:
+        try:
+            return self.storage.read_bytes(self.name, pos, pos + n)
+        except (ShardpackError, OSError) as exc:
+            raise SourceError(f"cannot read: {exc}", path=self.field.path) from None
+
+    def _grew(self) -> bool:
+        return False
 
 
 def read_file(f: SourceField) -> bytes:
@@ -304,6 +340,21 @@ class RemoteFiles(FieldReader):
         if isinstance(data, SourceError):  # this file's own error, raised when it is read
             raise data
         return data
+
+    def open_stream(self, f: SourceField) -> FileStream | None:
+        """A file of :data:`STREAM_SIZE` bytes or more, its size checked, for the writer to
+        copy in chunks by ranged reads (:class:`RemoteStream`); None for a smaller one.
+
+        Args:
+            f: a whole-file field.
+        """
+        if f.size < STREAM_SIZE:
+            return None
+        parent = f.path.rpartition("/")[0]
+        storage = self.storages.get(parent)
+        if storage is None:
+            storage = self.storages[parent] = Storage(parent, self.options)
+        return RemoteStream(f, storage)
 
     def _fetch(self, f: SourceField) -> None:
         while self.next < len(self.order) and self.order[self.next].path != f.path:

@@ -385,3 +385,27 @@ def test_verify_reads_a_large_shard_in_chunks_in_the_kind(kind, tmp_path, monkey
     report = verify(url, storage_options=kind.options)
     assert report.ok, report.problems
     assert report.samples == 5 and len(large) == 4  # the records over 2 KB: all but 0.bin
+
+
+def test_large_source_files_in_the_kind_are_packed_in_chunks(kind, tmp_path, monkeypatch):
+    """Source files over the streaming threshold are copied into the shard in chunks (ranged
+    reads where remote), giving the shards a pack that reads them whole gives."""
+    from shardpack.write import fields
+
+    kind.need_listing()
+    files = {f"{i}.bin": bytes(range(256)) * (2 + 9 * i) for i in range(4)}
+    files["3.txt"] = b"small"
+    src = kind.put(make_tree(tmp_path / "src", files), "tree")
+    whole = tmp_path / "whole"
+    shardpack.pack(src, whole, storage_options=kind.options, shard_format="msgpack", workers=1)
+    monkeypatch.setattr(fields, "STREAM_SIZE", 1024)
+    monkeypatch.setattr(fields, "STREAM_CHUNK", 1000)
+    streamed = []
+    real = fields.FileStream.chunks
+    monkeypatch.setattr(fields.FileStream, "chunks",
+                        lambda self: streamed.append(type(self).__name__) or real(self))
+    out = tmp_path / "streamed"
+    shardpack.pack(src, out, storage_options=kind.options, shard_format="msgpack", workers=1)
+    assert streamed == 2 * 3 * ["FileStream" if kind.name == "local" else "RemoteStream"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == \
+        {p.name: p.read_bytes() for p in whole.iterdir()}
