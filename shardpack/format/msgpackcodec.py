@@ -15,7 +15,7 @@ from .names import KEY_FIELD
 from .records import (
     FLAG_ZSTD, MAX_EXPANSION, MSGPACK_HEADER, RECORD_HEADER, RECORD_HEADER_DTYPE,
     check_msgpack_file_header, decode_payload, encode_payload, msgpack_file_header,
-    record_header,
+    payload_parts, record_header,
 )
 from .shardcodec import ShardCodec
 
@@ -30,6 +30,7 @@ class MsgpackCodec(ShardCodec):
     payload_offset = RECORD_HEADER.size
     field_overhead = 8  # the field name's and the bin value's msgpack headers, about
     framed_records = True
+    max_field = (1 << 32) - 1  # a msgpack bin 32 value
 
     def sample_overhead(self, key: str) -> int:
         """The record header, the map header and the key entry, about.
@@ -57,6 +58,22 @@ class MsgpackCodec(ShardCodec):
         stored = compressor.compress(payload) if compressor else payload
         return (record_header(stored, len(payload), compressor is not None) + stored, offsets,
                 len(payload))
+
+    def sample_parts(self, key: str, fields: Sequence[tuple[str, object]],
+                     checksum=None) -> tuple[list, list[int], int]:
+        """An uncompressed record in pieces: its header, then the payload's encoded pieces with
+        each field's value as given; the field offsets; the payload's size.  The header's
+        CRC32C is ``checksum(pieces)``, so a caller holding stand-ins for large values reads
+        them once for it, and once more to write them.
+
+        Args:
+            key: the sample's key.
+            fields: ``(name, value)`` of each field, a value bytes or any sized stand-in.
+            checksum: the CRC32C of the payload's pieces, in order.
+        """
+        parts, offsets, size = payload_parts(key, fields)
+        head = RECORD_HEADER.pack(size, size, checksum(parts), 0)
+        return [head, *parts], offsets, size
 
     def payload(self, index, row: int, record, path: str):
         """The payload of one record: CRC checked, then decompressed to exactly the size the

@@ -72,6 +72,19 @@ def encode_payload(key: str, fields: Sequence[tuple[str, bytes]]) -> tuple[bytes
         key: the sample's key.
         fields: ``(name, bytes)`` of each field, in the order to write them.
     """
+    parts, offsets, _ = payload_parts(key, fields)
+    return b"".join(parts), offsets
+
+
+def payload_parts(key: str, fields: Sequence[tuple[str, object]]) -> tuple[list, list[int], int]:
+    """:func:`encode_payload` before the join: the map's encoded pieces with each field's value
+    as given (bytes, or a sized stand-in for bytes copied later), the field offsets, and the
+    payload's size.
+
+    Args:
+        key: the sample's key.
+        fields: ``(name, value)`` of each field, in the order to write them.
+    """
     parts = [_map_header(len(fields) + 1), _PACKED_KEY_FIELD, _packb(key)]
     size = len(parts[0]) + len(parts[1]) + len(parts[2])
     offsets = []
@@ -84,7 +97,7 @@ def encode_payload(key: str, fields: Sequence[tuple[str, bytes]]) -> tuple[bytes
         offsets.append(size)
         size += len(value)
         parts += (head, bin_head, value)
-    return b"".join(parts), offsets
+    return parts, offsets, size
 
 
 def record_header(stored: bytes, raw_len: int, zstd: bool) -> bytes:

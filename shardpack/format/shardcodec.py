@@ -29,6 +29,7 @@ class ShardCodec(ABC):
     field_overhead: int = 0  # the plan's estimate: bytes each field costs besides its data...
     field_align: int = 1     # ...and the size each field's data is padded to
     framed_records: bool = False  # records have headers of their own (check_record_heads)
+    max_field: int | None = None  # the largest field value the format holds (None: no limit)
 
     def shard_name(self, number: int) -> str:
         """The file name of shard ``number`` in this format: ``shard-NNNNN<suffix>``.
@@ -77,6 +78,21 @@ class ShardCodec(ABC):
             fields: ``(name, bytes)`` of each field, in the order to write them.
             compressor: a ``zstandard.ZstdCompressor`` for compressed shards, else None.
         """
+
+    def sample_parts(self, key: str, fields: Sequence[tuple[str, object]],
+                     checksum=None) -> tuple[list, list[int], int]:
+        """:meth:`encode_sample` of an uncompressed record before the join: ``(parts, offsets,
+        raw_size)``, the parts in order, each bytes or a field's value as given (a sized
+        stand-in for bytes the caller copies in chunks: the shard writer's large fields).  The
+        joined parts are exactly :meth:`encode_sample`'s record.
+
+        Args:
+            key: the sample's key.
+            fields: ``(name, value)`` of each field, in the order to write them.
+            checksum: for formats whose record header holds a CRC32C of the record: a function
+                of the parts giving it.
+        """
+        raise NotImplementedError
 
     @abstractmethod
     def payload(self, index: ShardIndex, row: int, record, path: str):

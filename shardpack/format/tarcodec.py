@@ -50,6 +50,19 @@ class TarCodec(ShardCodec):
             fields: ``(name, bytes)`` of each field, in the order to write them.
             compressor: unused (tar shards are not compressed).
         """
+        parts, offsets, size = self.sample_parts(key, fields)
+        return b"".join(parts), offsets, size
+
+    def sample_parts(self, key: str, fields: Sequence[tuple[str, object]],
+                     checksum=None) -> tuple[list, list[int], int]:
+        """Each field's header, its value as given and its padding, in order; the field
+        offsets; the record's size.
+
+        Args:
+            key: the sample's key.
+            fields: ``(name, value)`` of each field, a value bytes or any sized stand-in.
+            checksum: unused (tar members carry no checksum of their data).
+        """
         parts, offsets, offset = [], [], 0
         for name, data in fields:
             header = tar_header(tar_member_name(key, name), len(data))
@@ -58,8 +71,7 @@ class TarCodec(ShardCodec):
             offsets.append(offset)
             offset += len(data) + len(pad)
             parts += (header, data, pad)
-        record = b"".join(parts)
-        return record, offsets, len(record)
+        return parts, offsets, offset
 
     def payload(self, index, row: int, record, path: str):
         """The record itself: a tar record is its own payload.

@@ -23,7 +23,8 @@ from typing import Sequence
 
 from shardpack import format as fmt
 from shardpack.core.deprecation import keyword_only, renamed
-from shardpack.core.errors import ShardpackError
+from shardpack.core.errors import FormatError, ShardpackError
+from shardpack.inspect import chunked
 from shardpack.read.reader import DatasetReader, record_payload
 from shardpack.write.skips import read_skips
 
@@ -211,6 +212,8 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     # field names the walk would refuse (the index decoder already refused the reserved ones)
     named = [Problem(path, f"{why} (pack would refuse it)")
              for why in map(fmt.check_field_name, index.fields) if why]
+    if entry.bytes > chunked.WHOLE_SHARD:
+        return named + _verify_in_chunks(reader, number, index, report, decode)
     try:
         data = reader.read_shard(number, exact=False)
     except ShardpackError as exc:
@@ -224,6 +227,40 @@ def _verify_shard(reader: DatasetReader, number: int, report: VerifyReport,
     if why:
         problems.append(Problem(path, why))
     return named + problems + others
+
+
+def _verify_in_chunks(reader: DatasetReader, number: int, index: fmt.ShardIndex,
+                      report: VerifyReport, decode: bool) -> list[Problem]:
+    """:func:`_verify_shard` of a shard over :data:`~shardpack.inspect.chunked.WHOLE_SHARD`
+    bytes: the same checks in one pass of ranged reads (:mod:`shardpack.inspect.chunked`)."""
+    entry, path = reader.shards[number], reader.shard_path(number)
+    try:
+        size = reader.storage.size(entry.name)
+    except ShardpackError as exc:
+        return [Problem(path, exc.message)]
+    report.bytes += size
+    chunks = chunked.ShardChunks(reader.storage, entry.name, size)
+    checks = _Checks(reader.manifest, index, path, report, decode, size)
+    if size != entry.bytes:
+        checks.problems.append(Problem(path, f"shard is {size} bytes, the manifest says "
+                                             f"{entry.bytes} (truncated or extended)"))
+    try:
+        try:
+            index.codec.check_file_head(chunks.read(int(index.starts[0])))
+        except FormatError as exc:
+            checks.problems.append(Problem(path, exc.message))
+        for row in range(index.num_samples):
+            checks.record(row, chunks)
+        tail = chunks.rest()
+    except ShardpackError as exc:
+        return checks.problems + [Problem(path, exc.message)] + checks.others
+    problems = checks.problems
+    if size == entry.bytes and chunks.hasher.hexdigest() != entry.hash:
+        problems.insert(0, Problem(path, "shard hash does not match the manifest"))
+    why = None if problems else index.codec.file_tail_problem(tail, 0)
+    if why:
+        problems.append(Problem(path, why))
+    return problems + checks.others
 
 
 def _index_against_manifest(m: fmt.Manifest, entry: fmt.ShardEntry, index: fmt.ShardIndex,
@@ -267,47 +304,78 @@ def _sample_problems(m: fmt.Manifest, index: fmt.ShardIndex, data: bytes, path: 
     the shard's samples, each checked against its hash, its structure, and (``decode``) its
     images."""
     view = memoryview(data)
-    problems: list[Problem] = []
-    others: list[Problem] = []
-    # ImageFolder packs: each sample's cls against the classes and its key's class folder
-    # (a list, even an empty one: [] must still be compared with the labels)
-    classes = m.classes
-    cls_column = ("cls" if "cls" in index.fields and classes is not None
-                  and m.layout == "imagefolder" else None)
+    checks = _Checks(m, index, path, report, decode, len(data))
     for row in range(index.num_samples):
-        report.samples += 1
         start, end = index.span(row)
-        key = index.key(row)
-        # the same rule as unpack and export (and pack's listings): a key they would refuse
-        # fails here, not half-way through an unpack
-        why = fmt.unsafe_name_reason(key)
+        checks.record(row, view[start:end] if end <= len(data) else None)
+    return checks.problems, checks.others
+
+
+class _Checks:
+    """The checks of each sample of one shard, given its record (or, for a record read in
+    chunks, the shard's :class:`~shardpack.inspect.chunked.ShardChunks` positioned on it):
+    structural problems and other ones (keys unpack would refuse, undecodable images)."""
+
+    def __init__(self, m: fmt.Manifest, index: fmt.ShardIndex, path: str,
+                 report: VerifyReport, decode: bool, shard_size: int):
+        self.index, self.path, self.report, self.decode = index, path, report, decode
+        self.shard_size = shard_size
+        self.problems: list[Problem] = []
+        self.others: list[Problem] = []
+        # ImageFolder packs: each sample's cls against the classes and its key's class folder
+        # (a list, even an empty one: [] must still be compared with the labels)
+        self.classes = m.classes
+        self.cls_column = ("cls" if "cls" in index.fields and m.classes is not None
+                           and m.layout == "imagefolder" else None)
+
+    def key_problems(self, row: int) -> None:
+        """Count the sample; the same rule for its key as unpack and export (and pack's
+        listings): a key they would refuse fails here, not half-way through an unpack."""
+        self.report.samples += 1
+        why = fmt.unsafe_name_reason(self.index.key(row))
         if why:
-            others.append(Problem(path, f"key cannot be written out by unpack or export: "
-                                        f"{why}", key))
-        if end > len(data):
-            problems.append(Problem(path, f"sample runs past the end of the shard ({end} > "
-                                          f"{len(data)} bytes)", key))
-            continue
-        record = view[start:end]
-        if fmt.sample_hash(record) != int(index.sample_hashes[row]):
-            problems.append(Problem(path, f"bytes {start}..{end} do not match the sample's "
-                                          "hash in the index", key))
-            continue
+            self.others.append(Problem(self.path, f"key cannot be written out by unpack or "
+                                                  f"export: {why}", self.index.key(row)))
+
+    def record(self, row: int, record) -> None:
+        """Check sample ``row``: ``record`` its bytes, or the chunks it is read from (None:
+        the shard ends before it)."""
+        index, path, key = self.index, self.path, self.index.key(row)
+        self.key_problems(row)
+        start, end = index.span(row)
+        large = isinstance(record, chunked.ShardChunks)
+        if record is None or large and end > record.size:
+            self.problems.append(Problem(path, f"sample runs past the end of the shard ({end} "
+                                               f"> {self.shard_size} bytes)", key))
+            return
+        if large and (end - start < chunked.WHOLE_RECORD or index.compression != "none"):
+            record, large = record.read(end - start), False  # (zstd: capped by pack)
+        got = chunked.read_large_record(index, row, record) if large else (
+            fmt.sample_hash(record), None, record)
+        if got is None or len(got[2]) != end - start:
+            self.problems.append(Problem(path, "sample runs past the end of the shard", key))
+            return
+        if got[0] != int(index.sample_hashes[row]):
+            self.problems.append(Problem(path, f"bytes {start}..{end} do not match the "
+                                               "sample's hash in the index", key))
+            return
         try:
-            _check_structure(index, row, record, path)
+            payload = (chunked.check_large_record(index, row, got[2], got[1], path) if large
+                       else _check_structure(index, row, got[2], path))
         except ShardpackError as exc:
-            problems.append(Problem(path, exc.message, key))
-            continue
-        if decode:
-            others += _check_images(index, row, record, path, key)
-        if cls_column is not None:
-            why = _note_cls(index, row, record, path, report, key, classes)
+            self.problems.append(Problem(path, exc.message, key))
+            return
+        if self.decode:  # (a record read in chunks holds its fields under CHUNK only)
+            held = chunked.CHUNK if large else None
+            self.others += _check_images(index, row, payload, path, key, held)
+        if self.cls_column is not None:
+            why = _note_cls(index, row, payload, path, self.report, key,
+                            self.classes)
             if why:
-                problems.append(Problem(path, why, key))
-    return problems, others
+                self.problems.append(Problem(path, why, key))
 
 
-def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report, key: str,
+def _note_cls(index: fmt.ShardIndex, row: int, payload, path: str, report, key: str,
               classes: Sequence[str]) -> str | None:
     """An ImageFolder sample's class label (ASCII decimal, written by pack from its class
     folder): keep the largest seen, to compare with the classes, and check that the
@@ -315,7 +383,6 @@ def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report, key: s
     is bad, or None."""
     for name, off, size in index.sample_fields(row):
         if name == "cls":
-            payload = record_payload(index, row, record, path)
             raw = bytes(payload[off:off + size])
             if not raw.isdigit():  # ASCII digits only (bytes.isdigit)
                 return f"field 'cls' holds {raw[:40]!r}, not a class number"
@@ -330,24 +397,24 @@ def _note_cls(index: fmt.ShardIndex, row: int, record, path: str, report, key: s
     return None
 
 
-def _check_images(index: fmt.ShardIndex, row: int, record, path: str, key: str) -> list[Problem]:
+def _check_images(index: fmt.ShardIndex, row: int, payload, path: str, key: str,
+                  held: int | None = None) -> list[Problem]:
+    """Image fields that do not decode in full (those under ``held`` bytes, where given)."""
     from shardpack.images.content import check_image_full, is_image_field
 
-    payload = None
     out = []
     for name, off, size in index.sample_fields(row):
-        if not is_image_field(name):
+        if not is_image_field(name) or held is not None and size >= held:
             continue
-        if payload is None:
-            payload = record_payload(index, row, record, path)
         why = check_image_full(bytes(payload[off:off + size]), name)
         if why:
             out.append(Problem(path, f"field {name!r}: {why}", key))
     return out
 
 
-def _check_structure(index: fmt.ShardIndex, row: int, record, path: str) -> None:
+def _check_structure(index: fmt.ShardIndex, row: int, record, path: str):
     """The record's payload and its own structure against the index (tar members, msgpack
-    map), in full; raises :class:`~shardpack.core.errors.FormatError`."""
+    map), in full; raises :class:`~shardpack.core.errors.FormatError`; returns the payload."""
     payload = record_payload(index, row, record, path)
     index.codec.check_members(index, row, payload, whole=True)
+    return payload

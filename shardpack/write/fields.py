@@ -19,6 +19,8 @@ import os
 import stat
 from typing import TYPE_CHECKING
 
+import crc32c
+
 from shardpack.core.errors import DatasetNotFoundError, ShardpackError, SourceError
 from shardpack.storage import Storage, storage_options_by_keyword
 
@@ -46,6 +48,15 @@ class FieldReader:
             f: one of the fields this reader was opened on.
         """
         raise NotImplementedError
+
+    def open_stream(self, f: SourceField) -> FileStream | None:
+        """``f`` as a :class:`FileStream` the writer copies in chunks, where this reader can
+        stream it and it is at least :data:`STREAM_SIZE` bytes; else None (read it whole).
+
+        Args:
+            f: one of the fields this reader was opened on.
+        """
+        return None
 
     @staticmethod
     def where(f: SourceField) -> str:
@@ -110,6 +121,16 @@ class LocalFiles(FieldReader):
             self.advance(f)
         return read_file(f)
 
+    def open_stream(self, f: SourceField) -> FileStream | None:
+        """A file of :data:`STREAM_SIZE` bytes or more, opened and checked as :func:`read_file`
+        checks it (still a regular file of the walk's size and mtime), for the writer to copy
+        in chunks; None for a smaller one.
+
+        Args:
+            f: a whole-file field.
+        """
+        return FileStream(f) if f.size >= STREAM_SIZE else None
+
     def advance(self, f: SourceField) -> None:
         """``f`` is about to be read: hint the files that now fall in the window after it.
 
@@ -140,6 +161,109 @@ class LocalFiles(FieldReader):
                 self.hinting = False  # not supported here: stop trying
             finally:
                 os.close(fd)
+
+
+# A whole local file from this size on is not read into memory: the shard writer copies it in
+# chunks of STREAM_CHUNK bytes (docs/packing.md, "Large samples").
+STREAM_SIZE = 64 << 20
+STREAM_CHUNK = 8 << 20
+
+
+def _open_unchanged(f: SourceField) -> int:
+    """An open descriptor of ``f``'s file, still a regular file of the walk's size and mtime."""
+    try:
+        fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SourceError("file vanished during the pack", path=f.path) from None
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror}", path=f.path) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
+        os.close(fd)
+        why = ("is no longer a regular file" if not stat.S_ISREG(st.st_mode) else
+               f"file changed during the pack (size {f.size} -> {st.st_size})")
+        raise SourceError(why, path=f.path, hint="pack again once the source is stable")
+    return fd
+
+
+class FileStream:
+    """A large local file the shard writer copies in chunks instead of reading it whole: a
+    stand-in for the field's bytes (``len`` is the walk's size).  Opened and checked when the
+    sample's fields are read (a failure there is the field's, skippable); each pass of
+    :meth:`chunks` reads the whole file again, and raises :class:`SourceError` if it no longer
+    has the walk's size and mtime, or (a second pass: a msgpack record is read once for its
+    CRC32C, then copied) gives other bytes than the first."""
+
+    def __init__(self, f: SourceField):
+        self.field = f
+        self.fd = _open_unchanged(f)
+        self.crc: int | None = None  # of the first pass
+
+    def __len__(self) -> int:
+        return self.field.size
+
+    def chunks(self):
+        """The file's bytes, STREAM_CHUNK at a time, checked against the walk at the end."""
+        f, crc, pos = self.field, 0, 0
+        while pos < f.size:
+            chunk = self._read(pos, min(STREAM_CHUNK, f.size - pos))
+            if not chunk:
+                break
+            crc = crc32c.crc32c(chunk, crc)
+            pos += len(chunk)
+            yield chunk
+        if pos != f.size or self._grew() or self.crc is not None and crc != self.crc:
+            raise SourceError("file changed while it was copied into the shard", path=f.path,
+                              hint="pack again once the source is stable")
+        self.crc = crc
+
+    def _read(self, pos: int, n: int) -> bytes:
+        try:
+            return os.pread(self.fd, n, pos)
+        except OSError as exc:
+            raise SourceError(f"cannot read: {exc.strerror}", path=self.field.path) from None
+
+    def _grew(self) -> bool:
+        """Whether the file has a byte past the walk's size, or another mtime."""
+        try:
+            return bool(os.pread(self.fd, 1, self.field.size)) or \
+                os.fstat(self.fd).st_mtime_ns != self.field.mtime_ns
+        except OSError as exc:
+            raise SourceError(f"cannot read: {exc.strerror}", path=self.field.path) from None
+
+    def close(self) -> None:
+        """Close the file."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class RemoteStream(FileStream):
+    """A large source file on object storage, copied in chunks by ranged reads: checked as
+    :class:`RemoteFiles` checks a file (it must still hold the walk's size; growth and changes
+    in place are not caught), and, between the two passes of a msgpack record, by CRC32C."""
+
+    def __init__(self, f: SourceField, storage: Storage):
+        self.field, self.crc, self.fd = f, None, -1
+        self.storage, self.name = storage, f.path.rpartition("/")[2]
+        try:
+            size = storage.size(self.name)
+        except DatasetNotFoundError:
+            raise SourceError("file vanished during the pack", path=f.path) from None
+        except (ShardpackError, OSError) as exc:
+            raise SourceError(f"cannot read: {exc}", path=f.path) from None
+        if size < f.size:
+            raise SourceError(f"file changed during the pack (size {f.size} -> {size})",
+                              path=f.path, hint="pack again once the source is stable")
+
+    def _read(self, pos: int, n: int) -> bytes:
+        try:
+            return self.storage.read_bytes(self.name, pos, pos + n)
+        except (ShardpackError, OSError) as exc:
+            raise SourceError(f"cannot read: {exc}", path=self.field.path) from None
+
+    def _grew(self) -> bool:
+        return False
 
 
 def read_file(f: SourceField) -> bytes:
@@ -216,6 +340,21 @@ class RemoteFiles(FieldReader):
         if isinstance(data, SourceError):  # this file's own error, raised when it is read
             raise data
         return data
+
+    def open_stream(self, f: SourceField) -> FileStream | None:
+        """A file of :data:`STREAM_SIZE` bytes or more, its size checked, for the writer to
+        copy in chunks by ranged reads (:class:`RemoteStream`); None for a smaller one.
+
+        Args:
+            f: a whole-file field.
+        """
+        if f.size < STREAM_SIZE:
+            return None
+        parent = f.path.rpartition("/")[0]
+        storage = self.storages.get(parent)
+        if storage is None:
+            storage = self.storages[parent] = Storage(parent, self.options)
+        return RemoteStream(f, storage)
 
     def _fetch(self, f: SourceField) -> None:
         while self.next < len(self.order) and self.order[self.next].path != f.path:

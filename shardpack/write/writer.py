@@ -14,16 +14,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 
 from shardpack import format as fmt
 from shardpack.core.errors import BrokenImageError, SKIP_BAD, SourceError
 from shardpack.images.content import check_image, check_image_full, is_image_field
+from shardpack.write.fields import FileStream
 from shardpack.write.plan import ShardTask
 from shardpack.write.resize import resize_image
 from shardpack.write.samples import SourceField
 from shardpack.storage import Storage
 
 WRITE_BUFFER = 8 << 20
+# zstd records are compressed, and read back, whole: a field above this is refused with
+# --compression zstd (docs/packing.md, "Large samples")
+MAX_COMPRESSED_FIELD = 1 << 30
 PROGRESS_EVERY = 64  # samples between reports to ``on_files``
 
 # Set in a pack's worker processes (pack._init_worker) or, writing inline, in the packer: called
@@ -110,6 +115,9 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
             fields = _read_fields(sample, prepare, opts, readers, columns)
             if fields is None:
                 continue
+            if any(isinstance(data, FileStream) for _, data in fields):
+                _write_streamed(codec, sample.key, fields, sink, columns)
+                continue
             record, offsets, raw_size = codec.encode_sample(sample.key, fields, compressor)
             columns.add(sample.key, fields, offsets, sink.pos, raw_size, fmt.sample_hash(record))
             sink.write(record)
@@ -177,15 +185,75 @@ _MISSING = int(fmt.MISSING)
 
 
 def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns):
-    """``[(name, bytes)]`` of the sample's fields, or None when one cannot be read and
-    ``--skip-bad`` skips the sample (counted in ``columns``)."""
+    """``[(name, bytes or FileStream)]`` of the sample's fields, or None when one cannot be
+    read and ``--skip-bad`` skips the sample (counted in ``columns``)."""
+    fields = []
     try:
-        return [(sf.name, prepare(sf, opts, readers)) for sf in sample.fields]
+        for sf in sample.fields:
+            fields.append((sf.name, _field(sf, prepare, opts, readers)))
+        return fields
     except SourceError as exc:
+        _close_streams(fields)
         if not opts.skip_bad:
             raise
         columns.skip(sample, exc)
         return None
+
+
+def _field(sf: SourceField, prepare, opts, readers: dict):
+    """One field's bytes; or, for a large file packed as it is (uncompressed, and no image
+    check or resize to apply to it), a :class:`FileStream` the writer copies in chunks."""
+    reader = readers[sf.reader]
+    most = fmt.codec_for(opts.shard_format).max_field
+    if most is not None and (sf.size or 0) > most:
+        raise SourceError(f"field {sf.name!r} is {sf.size:,} bytes: {opts.shard_format} "
+                          f"shards hold fields of up to {most:,} bytes", path=reader.where(sf),
+                          hint="pack with --format tar, which holds fields of any size")
+    as_is = prepare is _read_only or not is_image_field(sf.name)
+    if as_is and opts.compression == "none":
+        stream = reader.open_stream(sf)
+        if stream is not None:
+            return stream
+    if opts.compression != "none" and (sf.size or 0) > MAX_COMPRESSED_FIELD:
+        raise SourceError(f"field {sf.name!r} is {sf.size:,} bytes: --compression zstd "
+                          f"compresses a record whole, up to {MAX_COMPRESSED_FIELD:,} bytes a "
+                          "field", path=reader.where(sf),
+                          hint="pack with --compression none, which copies large files in "
+                               "chunks")
+    return prepare(sf, opts, readers)
+
+
+def _close_streams(fields) -> None:
+    for _, data in fields:
+        if isinstance(data, FileStream):
+            data.close()
+
+
+def _write_streamed(codec, key: str, fields, sink: _Sink, columns: _Columns) -> None:
+    """Write a sample holding large files in chunks: the codec lays out the record around
+    them (:meth:`~shardpack.format.ShardCodec.sample_parts`), the same bytes its
+    ``encode_sample`` joins, and the sample hash is taken as the parts go by.  A file that
+    fails or changes while it is copied fails the shard: part of it is written already."""
+    hasher = xxhash.xxh3_64()
+    start = sink.pos
+    try:
+        parts, offsets, raw_size = codec.sample_parts(key, fields, _parts_crc)
+        for part in parts:
+            for chunk in part.chunks() if isinstance(part, FileStream) else (part,):
+                hasher.update(chunk)
+                sink.write(chunk)
+    finally:
+        _close_streams(fields)
+    columns.add(key, fields, offsets, start, raw_size, hasher.intdigest())
+
+
+def _parts_crc(parts) -> int:
+    """CRC32C of the bytes of ``parts`` in order, files read through in chunks."""
+    crc, update = 0, fmt.crc32c_function()
+    for part in parts:
+        for chunk in part.chunks() if isinstance(part, FileStream) else (part,):
+            crc = update(chunk, crc)
+    return crc
 
 
 def _compressor(opts):

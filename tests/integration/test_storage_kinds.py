@@ -366,3 +366,46 @@ def test_a_merge_of_two_parts_in_the_kind_verifies(kind, tmp_path):
     assert report.samples == summary.samples == 12 and report.shards == summary.shards
     reader = shardpack.open_reader(out, storage_options=kind.options)
     assert {reader.read_sample(i)["__key__"] for i in range(len(reader))} == keys
+
+
+def test_verify_reads_a_large_shard_in_chunks_in_the_kind(kind, tmp_path, monkeypatch):
+    """A shard over verify's whole-read limit is checked in one pass of ranged reads through
+    the kind's storage, records over the record limit hashed in chunks: all of them pass."""
+    from shardpack.inspect import chunked
+
+    monkeypatch.setattr(chunked, "WHOLE_SHARD", 0)
+    monkeypatch.setattr(chunked, "WHOLE_RECORD", 2048)
+    monkeypatch.setattr(chunked, "CHUNK", 1000)
+    large = []
+    real = chunked.read_large_record
+    monkeypatch.setattr(chunked, "read_large_record",
+                        lambda index, row, chunks: large.append(row) or real(index, row, chunks))
+    files = {f"{i}.bin": bytes([i]) * (500 + 1500 * i) for i in range(5)}
+    url, _ = stored_pack(kind, make_tree(tmp_path / "src", files), tmp_path)
+    report = verify(url, storage_options=kind.options)
+    assert report.ok, report.problems
+    assert report.samples == 5 and len(large) == 4  # the records over 2 KB: all but 0.bin
+
+
+def test_large_source_files_in_the_kind_are_packed_in_chunks(kind, tmp_path, monkeypatch):
+    """Source files over the streaming threshold are copied into the shard in chunks (ranged
+    reads where remote), giving the shards a pack that reads them whole gives."""
+    from shardpack.write import fields
+
+    kind.need_listing()
+    files = {f"{i}.bin": bytes(range(256)) * (2 + 9 * i) for i in range(4)}
+    files["3.txt"] = b"small"
+    src = kind.put(make_tree(tmp_path / "src", files), "tree")
+    whole = tmp_path / "whole"
+    shardpack.pack(src, whole, storage_options=kind.options, shard_format="msgpack", workers=1)
+    monkeypatch.setattr(fields, "STREAM_SIZE", 1024)
+    monkeypatch.setattr(fields, "STREAM_CHUNK", 1000)
+    streamed = []
+    real = fields.FileStream.chunks
+    monkeypatch.setattr(fields.FileStream, "chunks",
+                        lambda self: streamed.append(type(self).__name__) or real(self))
+    out = tmp_path / "streamed"
+    shardpack.pack(src, out, storage_options=kind.options, shard_format="msgpack", workers=1)
+    assert streamed == 2 * 3 * ["FileStream" if kind.name == "local" else "RemoteStream"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == \
+        {p.name: p.read_bytes() for p in whole.iterdir()}
