@@ -74,6 +74,43 @@ def run_subprocess(*args, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, **kw)
 
 
+# Run in the measured child: the shardpack CLI, then its own peak RSS (VmHWM) into a file
+_PEAK_PROBE = """
+import atexit, runpy, sys
+def _report(path=sys.argv[1]):
+    with open("/proc/self/status") as status:
+        peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(path, "w") as f:
+        f.write(peak)
+atexit.register(_report)
+sys.argv = ["shardpack"] + sys.argv[2:]
+runpy.run_module("shardpack.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def peak_rss(*args, preexec_fn=None, timeout: float = 600) -> tuple[subprocess.CompletedProcess,
+                                                                     int | None]:
+    """``python -m shardpack.cli ARGS`` in a child process, and the child's own peak RSS in
+    bytes (None if it died before reporting).  The peak is the child's VmHWM, read by the child
+    at exit: a child's ``ru_maxrss`` starts at its parent's size (Linux carries the high-water
+    mark of the forked image over exec), so measured from a test process grown by earlier
+    tests it says more about the tests than about the command.
+
+    Args:
+        args: the command line after ``shardpack``.
+        preexec_fn: run in the child before exec (a resource limit, say).
+        timeout: seconds before the child is killed.
+    """
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", suffix=".peak") as report:
+        result = subprocess.run([sys.executable, "-c", _PEAK_PROBE, report.name,
+                                 *map(str, args)], capture_output=True, text=True,
+                                timeout=timeout, preexec_fn=preexec_fn)
+        found = report.read().strip()
+    return result, int(found) * 1024 if found else None
+
+
 def reseal(out: Path) -> None:
     """After a test tampered with shard bytes on purpose, recompute every hash so only the
     structural checks can catch the tampering (a 'malicious but consistent' dataset)."""

@@ -46,7 +46,7 @@ class FolderWalk:
         hidden folders, a shardpack dataset and OUT (docs/packing.md, "Classes").  Files at the
         top of a class-folder tree (README.md, LICENSE, labels.txt) are no samples: left out,
         counted and named (``top-level-file``), as both torchvision and Hugging Face ignore
-        them; a top level holding images is a flat dataset."""
+        them, when the folders hold images; a top level holding images is a flat dataset."""
         if self.storage.exists(MANIFEST_NAME):
             raise SourceError(f"source folder is a shardpack dataset (it holds {MANIFEST_NAME})",
                               path=self.src, hint="point SRC at the files to pack; `shardpack "
@@ -68,8 +68,9 @@ class FolderWalk:
             raise SourceError("source folder is empty", path=self.src,
                               hint="point SRC at a folder holding your files")
         if layout == "auto":
-            flat = not folders or any(_is_image_name(name) for name, _ in files)
-            layout = "files" if flat else "imagefolder"
+            classes = folders and (not files or not any(_is_image_name(n) for n, _ in files)
+                                   and self._holds_images())
+            layout = "imagefolder" if classes else "files"
         if layout == "imagefolder":
             self._top_files(folders, files)
             self.report.hidden += hidden  # the walk lists class folders, never the top

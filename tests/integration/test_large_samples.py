@@ -4,7 +4,6 @@ chunks; the bytes are those of the in-memory path, and memory does not grow with
 import json
 import os
 import shutil
-import sys
 
 import pytest
 import xxhash
@@ -16,7 +15,7 @@ from shardpack.inspect import chunked
 from shardpack.inspect.verify import verify
 from shardpack.write import fields, writer
 
-from testbed.helpers import dataset_files, make_tree, run_cli
+from testbed.helpers import dataset_files, make_tree, peak_rss, run_cli
 
 MODES = [("tar", "none"), ("msgpack", "none")]
 
@@ -180,23 +179,20 @@ def test_truncated_shard_read_in_chunks_names_the_samples_past_its_end(tmp_path,
 
 
 def _run_measured(*args) -> tuple[int, int]:
-    """(exit status, peak RSS in bytes) of ``python -m shardpack.cli ARGS``, from the child's
-    own rusage (os.wait4), not the test process's."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.execv(sys.executable, [sys.executable, "-m", "shardpack.cli", *map(str, args)])
-    _, status, usage = os.wait4(pid, 0)
-    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024
+    """(exit status, peak RSS in bytes) of ``python -m shardpack.cli ARGS``: the child's own
+    VmHWM (testbed.helpers.peak_rss), not the test process's."""
+    result, peak = peak_rss(*args, timeout=1800)
+    assert peak is not None, result.stderr[-2000:]
+    return result.returncode, peak
 
 
 PEAK_RSS_BOUND = 512 << 20  # far below the 5 GiB sample; the CLI itself peaks near 60 MB
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not hasattr(os, "wait4"), reason="needs os.wait4")
 def test_five_gib_sample_packs_and_verifies_in_bounded_memory(tmp_path):
     """A sparse 5 GiB file (real bytes at both ends) beside two small ones: ``pack`` and
-    ``verify``, each a CLI subprocess, must succeed with a peak RSS (the child's ru_maxrss; an
+    ``verify``, each a CLI subprocess, must succeed with a peak RSS (the child's own VmHWM; an
     RLIMIT_AS would have to allow the interpreter's and its libraries' mappings, which are not
     the memory this is about) under PEAK_RSS_BOUND, and the packed member must hold the file's
     exact bytes (compared by xxh3-64 in 8 MiB chunks)."""

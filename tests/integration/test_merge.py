@@ -205,7 +205,7 @@ def test_failure_mid_merge_publishes_nothing_and_removes_what_it_put(parts, tmp_
 def test_overwrite(parts, tmp_path):
     out = tmp_path / "out"
     first = shardpack.merge(parts, out)
-    with pytest.raises(ShardpackError, match="output folder is not empty.*--overwrite"):
+    with pytest.raises(ShardpackError, match="output folder is not empty.*overwrite=True"):
         shardpack.merge(parts[:2], out)
     second = shardpack.merge(parts[:2], out, overwrite=True)
     assert second.shards < first.shards

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import resource
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,6 +19,8 @@ from shardpack.interop.convert import convert
 from shardpack.interop.sources import parquet_bounds
 from shardpack.interop.sources.parquet import ParquetSource
 from shardpack.read.reader import open_reader
+
+from testbed.helpers import peak_rss
 
 MIB = 1 << 20
 AS_LIMIT = 2 << 30   # the child's address space: pyarrow and shardpack fit in it with room
@@ -70,16 +70,8 @@ def _limited():
 def _convert_limited(src, out, tmp_path) -> tuple[int, str, int]:
     """(exit status, stderr, peak RSS in bytes) of ``shardpack convert`` in a child process
     whose address space is limited to AS_LIMIT."""
-    with open(tmp_path / "stdout", "wb") as so, open(tmp_path / "stderr", "wb") as se:
-        proc = subprocess.Popen([sys.executable, "-m", "shardpack.cli", "convert", str(src),
-                                 str(out), "--workers", "1"],
-                                stdout=so, stderr=se, preexec_fn=_limited)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            proc.returncode = 0  # reaped by wait4
-    rc = os.waitstatus_to_exitcode(status)
-    return rc, (tmp_path / "stderr").read_text(), usage.ru_maxrss * 1024
+    result, peak = peak_rss("convert", src, out, "--workers", "1", preexec_fn=_limited)
+    return result.returncode, result.stderr, peak if peak is not None else 1 << 62
 
 
 @pytest.mark.parametrize("case, rows, where", [

@@ -355,7 +355,8 @@ def test_streamed_copy_stops_past_the_manifest_size(local_ds, tmp_path, monkeypa
                         lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EXDEV, "x")))
     monkeypatch.setattr(Storage, "COPY_CHUNK", 1000)
     reads = []
-    real_open = Storage.open
+    kind = type(Storage(local_ds))  # the local kind opens its files itself (regular files only)
+    real_open = kind.open
 
     @contextlib.contextmanager
     def counted_open(self, name, mode="rb"):
@@ -364,7 +365,7 @@ def test_streamed_copy_stops_past_the_manifest_size(local_ds, tmp_path, monkeypa
             f.read = lambda n: reads.append(n) or real_read(n)
             yield f
 
-    monkeypatch.setattr(Storage, "open", counted_open)
+    monkeypatch.setattr(kind, "open", counted_open)
     with pytest.raises(IntegrityError, match=rf"{SHARD}: is over 2500 bytes, its manifest says "
                                              r"2500$"):
         Storage(tmp_path).copy_from(Storage(local_ds), SHARD, "copy.tar", size=2500,
