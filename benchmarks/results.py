@@ -42,12 +42,15 @@ class Run:
         args: the parsed options (common ones and the suite's own).
         data_dir: where the suite keeps its generated data between runs.
         command: the command line that started the run, as the page quotes it.
+        commit: the commit under test, taken when the run starts (a suite that writes its
+            own page into the tree, as faults does, would otherwise read as ``-dirty``).
     """
 
     suite: str
     args: argparse.Namespace
     data_dir: Path
     command: str
+    commit: str = dataclasses.field(default_factory=lambda: commit())
 
     @property
     def reps(self) -> int:
@@ -161,7 +164,7 @@ def build(run: Run, outcome: Outcome) -> dict:
     return {"suite": run.suite, "part": outcome.part, "command": run.command,
             "machine": machine(run.data_dir),
             "versions": {"shardpack": shardpack_version(), **outcome.versions},
-            "commit": commit(), "date": now(), "setup": " ".join(outcome.setup.split()),
+            "commit": run.commit, "date": now(), "setup": " ".join(outcome.setup.split()),
             "figures": outcome.figures, "raw": outcome.raw}
 
 

@@ -3,9 +3,11 @@ readers and commands return.
 
 First the fault campaign: families of scripted tries (shards changed in place between epochs,
 damaged cached copies and odd cache folders, a misbehaving HTTP server on 127.0.0.1, crafted
-datasets, image bombs, kill -9 mid-command, other cases), each try in a process of its own under
-a time limit (run.py; the families in local.py, remote.py and crafted.py), what it read compared
-sample by sample with the packed truth. Then the corruption campaign and the manifest sweep
+datasets, image bombs, resume states of another packing, converter inputs as GNU tar writes them,
+decompression bombs and odd source files, kill -9 mid-command, two exports into one OUT, other
+cases), each try in a process of its own under a time limit (run.py; the families in local.py,
+remote.py, crafted.py, guards.py and converters.py), what it read compared sample by sample with
+the packed truth. Then the corruption campaign and the manifest sweep
 (corruption.py). ``--out docs/reliability.md`` writes every row (page.py); the result JSON keeps
 the totals.
 
@@ -25,7 +27,9 @@ from benchmarks import testbed
 from benchmarks.registry import suite
 from benchmarks.results import Outcome, figure
 
+from . import converters as V
 from . import crafted as C
+from . import guards as G
 from . import local as L
 from . import remote as R
 from .corruption import corruption
@@ -33,8 +37,8 @@ from .page import NOTES, page
 from .run import BAD, run_try
 
 
-FAMILIES = ("in-place local damage", "cache dir", "remote (HTTP)", "crafted datasets",
-            "process faults", "other")
+FAMILIES = ("in-place local damage", "cache dir", G.CACHE, "remote (HTTP)", "crafted datasets",
+            G.RESUME, V.TARS, V.SOURCES, "process faults", G.EXPORT, "other")
 
 
 def preload() -> None:
@@ -74,6 +78,9 @@ def build_tries(tmp: Path, args, nginx_url: str, sets: dict, big, kill_set) -> l
         tries += C.not_file_tries(clean, truth, t, shard_format)
     tries += C.key_tries(t) + C.field_tries(t) + C.label_tries(t)
     tries += C.state_tries(sets["tar"][0], t) + C.bomb_tries(t)
+    tries += G.cache_link_tries(served, t) + G.resume_tries(t) + G.export_tries(t)
+    tries += V.tar_format_tries(t) + V.misnamed_tries(t) + V.bomb_tries(t)
+    tries += V.source_file_tries(t)
     tries += L.process_tries(*kill_set, args.kill_points, t)
     tries += L.colon_tries(*kill_set, t) + L.ls_tries(t) + L.collate_tries(t)
     order = {f: i for i, f in enumerate(FAMILIES)}
@@ -184,8 +191,10 @@ def figures(tries: list, rows: list, swept: list) -> list:
        quick=dict(flips=5, inplace_flips=1, cache_flips=1, shared=1, kill_points=3,
                   try_timeout=20, timeout=20),
        measures="""Outcomes, not speed: scripted faults (shards changed in place between and
-       during epochs, damaged cached copies and odd cache folders, a misbehaving HTTP server,
-       crafted datasets, image bombs, kill -9 at every file-system event of a command), each
+       during epochs, damaged cached copies and odd cache folders, links planted in the cache,
+       a misbehaving HTTP server, crafted datasets, image bombs, resume states of another
+       packing, converter inputs as GNU tar writes them, decompression bombs and odd source
+       files, kill -9 at every file-system event of a command, two exports into one OUT), each
        try in a process of its own under a time limit, what it returned compared sample by
        sample with the packed truth: ok, a clear one-line error, silent (a wrong or missing
        sample), another exception, a hang or a crash. Then bit flips, truncations and swaps of a

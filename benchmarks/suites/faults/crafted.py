@@ -384,7 +384,8 @@ def bomb_tries(timeout: float) -> list[Try]:
             for use in BOMB_USES for image in sorted(BOMBS.iterdir())]
 
 
-def _limit_memory() -> None:
+def limit_memory() -> None:
+    """In a try's process: its address space may grow by MEMORY_HEADROOM from here on."""
     import resource
 
     with open("/proc/self/status") as f:
@@ -418,7 +419,7 @@ def _bomb_fn(image: Path, use: str):
 
         from shardpack.inspect import preview  # noqa: F401
         from shardpack import CpuDecode
-        _limit_memory()
+        limit_memory()
         if use == "pack --check full":
             kind, detail, _ = cli("pack", src, work / "out", "--check", "full", "--workers", "1")
             return ("silent", "packed with --check full") if kind == "ok" else (kind, detail)

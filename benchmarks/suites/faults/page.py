@@ -78,7 +78,8 @@ NOTES = {
 
 def campaign_lines(tries: list, seconds: float, args) -> list[str]:
     rows = summary(tries)
-    lines = ["## The fault campaign: in place, cache, HTTP, crafted datasets, kills", "",
+    lines = ["## The fault campaign: in place, cache, HTTP, crafted datasets, converters, kills",
+             "",
              f"First part of the same command ({seconds:.0f} s, {len(tries):,} tries). Each try "
              "is a script run in a process of its own, forked from the benchmark (shardpack, "
              "torch and the HTTP client already imported), in an empty folder, under a "
@@ -185,6 +186,13 @@ def family_notes(args) -> list[str]:
         "nothing) and read through: warm, cold, with shard 1 missing, with shard 1 corrupt. One "
         "cached shard flipped (its mtime moves), then 2 to 4 processes read the dataset through "
         f"that cache at once ({args.shared} tries per format, `--shared`).",
+        "- **cache folder links**: the same two datasets served by nginx, read through a cache "
+        "folder in which a link was planted at CACHE/<url hash> (the dataset's folder) to a "
+        "folder outside, to a file outside, or dangling to a name outside (right: served, the "
+        "link replaced by a folder, nothing outside the cache written or made); a dangling link "
+        "at CACHE/.lock, through both readers and `shardpack cache info|prune|clear` (right: one "
+        "line, or for info its listing; its target never made); a cache folder of mode 0777, "
+        "1777 or 0775 (right: one line, nothing written in it).",
         "- **remote (HTTP)**: testbed/servers.py's FaultServer, started inside each try, serving "
         "the tar dataset (and, for the 206 rows, one of two ~9.6 MB shards, so that ranged reads "
         "of about 8 MiB start inside a shard). Each fault applies to one target: the manifest, "
@@ -211,6 +219,28 @@ def family_notes(args) -> list[str]:
         "13,000 pixels "
         "a side) through `pack --check full`, `verify --decode`, `CpuDecode` and `preview`, in a "
         "process whose address space may grow by 1 GiB only.",
+        "- **resume identity**: 120 samples packed 40 and 30 a shard (and a mixture of them with "
+        "30 other samples packed 10 and 15 a shard); a state saved after 8 samples, through "
+        "JSON, loaded into the other packing (right: one line; the sample count alone cannot "
+        "tell them apart) or into the same packing made again (right: the rest of the epoch, "
+        "exactly), per sample and batched.",
+        "- **convert: tar and Parquet**: `shardpack convert` of tars made by GNU tar "
+        "`--sparse` (old GNU, pax 0.0, 0.1 and 1.0; .tar and .tar.gz), of BGZF-style "
+        ".tar.gz (gzip members of about 64 KiB ending on tar member boundaries or inside "
+        "members, and an empty last one) and of a base-256 size field: what it converted is "
+        "compared sample by sample with what `tar -xf` extracts (right: the same bytes, or one "
+        "line). Compressed tars named for another compression (right: one line). Gzip bombs "
+        "(about 330 KB decompressing to 320 MiB: one member, a member per 16 MiB, a pax size, "
+        "zeros after the end-of-archive blocks) and Parquet dictionary bombs (2,000 rows "
+        "referring to one 1 MiB value: a plain column, without the Arrow schema, an image "
+        "struct's bytes, list elements), each converted in a process whose address space may "
+        "grow by 1 GiB only (right: one line; zeros past the end of the archive: GNU tar's "
+        "bytes).",
+        "- **convert: source files**: a FIFO in a source file's place, and a link to a good "
+        "file outside SRC without `--follow-links`, in a WebDataset folder (a.tar, a.tar.gz), a "
+        "Parquet source (data.parquet at the top and in a sub-folder), an MDS shard and a "
+        "LitData chunk (right: one line naming the file, nothing published; a FIFO opened "
+        "would be a hang).",
         "- **process faults**: unpack, export --to files (onto a new OUT, and with --overwrite "
         "onto an old one) and pack (1 and 2 workers) of a 40-sample dataset are killed with "
         "SIGKILL (their whole process group) at one file-system event of their run: an audit "
@@ -220,6 +250,12 @@ def family_notes(args) -> list[str]:
         "right is OUT as a clean run makes it, byte for byte, and no hidden work folder "
         "`.OUT.tmp-*` left beside it (a leftover is silent). With 2 workers only the main "
         "process's events are counted, so where the workers are at a kill varies from run to run.",
+        "- **concurrent export**: two `export --to webdataset` of one small dataset into one "
+        "OUT, each in a process of its own: the second started while the first holds OUT's "
+        "lock (paused there until the second has run), or both started together (the second "
+        "0, 5 or 20 ms later), the second with and without `--overwrite` (right: one completes "
+        "and OUT is byte for byte what one export writes alone; the other is refused in one "
+        "line, or, started after the first ended and with `--overwrite`, completes too).",
         "- **other**: a local path holding `::` (as a plain path and as `file://`), packed into "
         "and read by every reader and command; `ls` and `ls --long` of keys holding control "
         "characters (each key on one line); `collate` errors naming the sample.",
