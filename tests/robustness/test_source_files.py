@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardpack import format as fmt
-from tests.robustness.hostile.make_sources import litdata, mds, spec
+from testbed.peerformats import litdata, mds, spec
 
 from testbed.helpers import run_subprocess
 

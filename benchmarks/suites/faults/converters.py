@@ -346,7 +346,7 @@ def _parquet(path: Path, key: str) -> None:
 def _source(src: Path, case: str) -> None:
     """A good source of ``case`` with one sample (k0), without the file the try puts in place
     unless the source's index names it (MDS, LitData)."""
-    from tests.robustness.hostile.make_sources import litdata, mds, spec
+    from testbed.peerformats import litdata, mds, spec
 
     if case.startswith("WebDataset"):
         src.mkdir()

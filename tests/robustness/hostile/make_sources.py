@@ -3,7 +3,7 @@ test_hostile_sources.py).
 
 Regenerate (the files are committed, so the corpus stays fixed; rerun only to add a case)::
 
-    .venv/bin/python tests/robustness/hostile/make_sources.py
+    .venv/bin/python -m tests.robustness.hostile.make_sources
 
 Deterministic: only the standard library, no timestamps (gzip mtime 0), zstd frames written by
 hand (one raw block), so the bytes do not depend on a library version.  Each input is a few KB at
@@ -18,6 +18,8 @@ import json
 import shutil
 import struct
 from pathlib import Path
+
+from testbed.peerformats import LEAF, litdata, mds, mds_shard, spec  # noqa: F401
 
 OUT = Path(__file__).resolve().parent / "sources"
 BLOCK = 512
@@ -98,66 +100,6 @@ def zstd_frame(content: bytes, declared: int | None = None) -> bytes:
     assert len(content) < 1 << 17
     header = struct.pack("<IBI", 0xFD2FB528, 0xA0, len(content) if declared is None else declared)
     return header + ((len(content) << 3) | 1).to_bytes(3, "little") + content
-
-
-# -- MDS ------------------------------------------------------------------------------------------
-def mds_shard(rows: list[list[bytes]]) -> bytes:
-    """uint32 n | uint32 offsets[n + 1] | samples; every column variable-size."""
-    bodies = [b"".join(struct.pack("<I", len(v)) for v in row) + b"".join(row) for row in rows]
-    offsets = [4 + 4 * (len(rows) + 1)]
-    for body in bodies:
-        offsets.append(offsets[-1] + len(body))
-    return struct.pack(f"<I{len(offsets)}I", len(rows), *offsets) + b"".join(bodies)
-
-
-def mds(folder: Path, columns: dict[str, str], rows, *, zstd: bytes | None = None,
-        raw_bytes: int | None = None) -> None:
-    """An MDS folder with one shard: plain, or ``zstd`` bytes standing for the compressed one."""
-    raw = mds_shard(rows)
-    folder.mkdir(parents=True)
-    entry = {"column_encodings": list(columns.values()), "column_names": list(columns),
-             "column_sizes": [None] * len(columns), "compression": None, "format": "mds",
-             "hashes": [], "raw_data": {"basename": "shard.00000.mds",
-                                        "bytes": len(raw) if raw_bytes is None else raw_bytes},
-             "samples": len(rows), "size_limit": 1 << 26, "version": 2, "zip_data": None}
-    if zstd is None:
-        (folder / "shard.00000.mds").write_bytes(raw)
-    else:
-        (folder / "shard.00000.mds.zstd").write_bytes(zstd)
-        entry.update(compression="zstd",
-                     zip_data={"basename": "shard.00000.mds.zstd", "bytes": len(zstd)})
-    (folder / "index.json").write_text(json.dumps({"shards": [entry], "version": 2}, indent=1))
-
-
-# -- LitData --------------------------------------------------------------------------------------
-LEAF = {"type": None, "context": None, "children_spec": []}
-
-
-def spec(names: list[str]) -> str:
-    """The data_spec torch writes for a flat dict sample."""
-    return json.dumps([1, {"type": "builtins.dict", "context": json.dumps(names),
-                           "children_spec": [LEAF] * len(names)}])
-
-
-def litdata(folder: Path, formats: list[str], items: list[list[bytes]] | None,
-            data_spec: object) -> None:
-    """A LitData folder with one uncompressed chunk of ``items`` (None: index.json only)."""
-    folder.mkdir(parents=True)
-    chunks = []
-    if items is not None:
-        bodies = [b"".join(struct.pack("<I", len(v)) for v in it) + b"".join(it) for it in items]
-        offsets = [4 + 4 * (len(items) + 1)]
-        for body in bodies:
-            offsets.append(offsets[-1] + len(body))
-        chunk = struct.pack(f"<I{len(offsets)}I", len(items), *offsets) + b"".join(bodies)
-        (folder / "chunk-0-0.bin").write_bytes(chunk)
-        chunks.append({"chunk_bytes": len(chunk), "chunk_size": len(items), "dim": None,
-                       "filename": "chunk-0-0.bin"})
-    config = {"chunk_bytes": 1 << 26, "chunk_size": None, "compression": None,
-              "data_format": formats, "data_spec": data_spec, "encryption": None,
-              "item_loader": "PyTreeLoader"}
-    (folder / "index.json").write_text(json.dumps({"chunks": chunks, "config": config,
-                                                   "updated_at": "0"}, indent=1))
 
 
 def pil_cell(width: int, height: int, mode: bytes, pixels: bytes) -> bytes:
