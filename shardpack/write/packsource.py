@@ -130,8 +130,19 @@ class PackSource(FolderWalk):
         """The samples of a tree of images, each checked to hold one: a sample without (a
         stray 00000.parquet or _stats.json beside img2dataset's folders) would fail the first
         training batch that meets it, so it is a bad entry here (``no-image``)."""
+        known: dict[str, bool] = {}  # field name -> an image field? (few names, many samples)
+
+        def has_image(fields) -> bool:
+            for f in fields:
+                image = known.get(f.name)
+                if image is None:
+                    image = known[f.name] = is_image_field(f.name)
+                if image:
+                    return True
+            return False
+
         for sample in samples:
-            if any(is_image_field(f.name) for f in sample.fields):
+            if has_image(sample.fields):
                 yield sample
                 continue
             first = next((f.path for f in sample.fields if f.path), sample.key)
