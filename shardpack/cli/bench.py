@@ -48,6 +48,9 @@ def bench(datasets, files, on_error, weights, epoch_size, decode, workers, batch
 
     if bool(datasets) == (files is not None):
         raise ShardpackError("give a DATASET (or several) or --files SRC_DIR (one of them)")
+    if on_error == "skip" and files is None:
+        raise ShardpackError("--skip-bad is for --files: a packed DATASET has no bad entries "
+                             "to skip (`shardpack verify` checks it)")
     if (weights or epoch_size) and len(datasets) < 2:
         raise ShardpackError("--weights and --epoch-size are for a mixture: give several "
                              "DATASETs")

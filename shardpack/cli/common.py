@@ -35,17 +35,19 @@ def parse_storage_options(pairs) -> dict:
     return options
 
 
-def flag_spelling(command: click.Command | None):
+def flag_spelling(command: click.Command | None, others=()):
     """``spell(name, value)`` for :meth:`ShardpackError.render`: an option an error names, as
     ``command`` spells it (``on_error="skip"`` -> ``--skip-bad``, ``group="image"`` ->
     ``--group image``), from the command's own click options.  An option the command lacks is
-    spelled as the command line would name it elsewhere (``--name value``).
+    spelled as the first of ``others`` that has it spells it (``--name value`` if none).
 
     Args:
         command: the click command that ran, or None.
+        others: the other commands, looked at for an option ``command`` lacks.
     """
-    params = {p.name: p for p in (command.params if command is not None else ())
-              if isinstance(p, click.Option)}
+    params: dict = {}
+    for cmd in reversed([c for c in (command, *others) if c is not None]):
+        params.update((p.name, p) for p in cmd.params if isinstance(p, click.Option))
 
     def spell(name: str, value) -> str:
         param = params.get(name)

@@ -33,7 +33,8 @@ class ShardpackGroup(click.Group):
         except ShardpackError as exc:
             name = ctx.invoked_subcommand
             command = self.get_command(ctx, name) if name else None
-            click.echo(f"shardpack: error: {exc.render(flag_spelling(command))}", err=True)
+            spell = flag_spelling(command, self.commands.values())
+            click.echo(f"shardpack: error: {exc.render(spell)}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo(f"shardpack: interrupted{self._resume_hint(ctx)}", err=True)

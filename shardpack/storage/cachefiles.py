@@ -158,19 +158,19 @@ def listing(root: int, root_path: str) -> tuple[list, list]:
 
 def scan(root: int, root_path: str):
     """(folder name or "" for the root, name, lstat) of every entry in the cache's two levels
-    (the root and its folders), no link followed."""
+    (the root and its folders), no link followed.  A dataset's folder that another user owns or
+    can write is left out: never listed, counted or evicted (reading that dataset refuses it),
+    so one such folder (made by an older release under umask 002) does not stop the others."""
     with os.scandir(root) as tops:
         listed = list(_stats(tops))
     for folder, st in listed:
         if not stat.S_ISDIR(st.st_mode):
             yield "", folder, st
             continue
-        try:  # (one another user owns or can write: a one-line CacheError)
+        try:
             fd = open_folder(root, folder, os.path.join(root_path, folder), False)
-        except CacheError:
-            raise
-        except OSError:
-            continue  # unreadable, or gone meanwhile
+        except OSError:  # a CacheError (untrusted), unreadable, or gone meanwhile
+            continue
         if fd is None:
             continue
         try:

@@ -84,8 +84,9 @@ class Listing:
             return
         self._refuse_name_labels(first)
         if "label" in present:
-            self.notes.append("column 'label' holds integers: kept as field 'label'; "
-                              f"pass {option_hint('label_column', 'label')} to make it the "
+            # a note is no error: printed and recorded as it is, so both spellings
+            self.notes.append("column 'label' holds integers: kept as field 'label'; pass "
+                              "--label-column label (label_column=\"label\") to make it the "
                               "class label cls")
 
     def _refuse_name_labels(self, first: dict) -> None:
@@ -166,7 +167,12 @@ class Listing:
                 "no-label")
             return False
         if index:
-            return index[str(value)]
+            number = index.get(str(value))
+            if number is None:  # read twice: a name the first pass did not see
+                raise SourceError(f"label {value!r} was not in the listing when its classes "
+                                  "were read: the listing changed during the pack",
+                                  path=where, hint="pack again once it is stable")
+            return number
         number = _label_int(value)
         if number is None or not -INT64 <= number < INT64:
             bad(where, f"label {value!r} in column {self.label_column!r} is not an integer "

@@ -90,7 +90,8 @@ class PackSource(FolderWalk):
             self.report.classes = self._listing.classes
             self.report.notes += self._listing.notes
         elif label_column is not None:
-            raise SourceError("--label-column is for .csv/.jsonl listings; a folder's classes "
+            raise SourceError(f"{option_hint('label_column', label_column)} is for .csv/.jsonl "
+                              "listings; a folder's classes "
                               "are its top-level folders", path=self.src)
         elif kind != "dir":
             raise SourceError("source is neither a folder nor a listing file", path=self.src)

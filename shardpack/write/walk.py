@@ -81,8 +81,8 @@ class FolderWalk:
         """The top level of a class-folder tree: its folders are the classes, its files are
         left out (never opened), each counted and named."""
         if not folders:
-            raise SourceError("--layout imagefolder needs class folders at the top, found only "
-                              f"files (e.g. {files[0][0]!r})", path=self.src,
+            raise SourceError(f"{option_hint('layout', 'imagefolder')} needs class folders at "
+                              f"the top, found only files (e.g. {files[0][0]!r})", path=self.src,
                               hint=f"pass {option_hint('layout', 'files')} to pack them as a "
                                    "flat dataset")
         for _, path in files:
@@ -246,6 +246,15 @@ class FolderWalk:
         return True
 
     def _holds_images(self) -> bool:
+        """:meth:`_peek_images`, looked at once per source (the layout, the grouping and the
+        no-image check all ask; on an object store each look is up to PEEK_LISTINGS
+        requests)."""
+        found = getattr(self, "_peeked", None)
+        if found is None:
+            found = self._peeked = self._peek_images()
+        return found
+
+    def _peek_images(self) -> bool:
         """Whether the tree holds images, judged from the first PEEK_FOLDERS folders (walk order)
         that hold files: an ImageFolder of images groups one sample per image, one of other files
         (audio, arrays) keeps WebDataset grouping.  A folder of only junk (Thumbs.db) does not

@@ -17,8 +17,9 @@ import numpy as np
 import xxhash
 
 from shardpack import format as fmt
-from shardpack.core.errors import BrokenImageError, SKIP_BAD, SourceError
+from shardpack.core.errors import SKIP_BAD, BrokenImageError, SourceError, option_hint
 from shardpack.images.content import check_image, check_image_full, is_image_field
+import shardpack.write.fields as field_io
 from shardpack.write.fields import FileStream
 from shardpack.write.plan import ShardTask
 from shardpack.write.resize import resize_image
@@ -203,23 +204,26 @@ def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns):
 def _field(sf: SourceField, prepare, opts, readers: dict):
     """One field's bytes; or, for a large file packed as it is (uncompressed, and no image
     check or resize to apply to it), a :class:`FileStream` the writer copies in chunks."""
+    if (sf.size or 0) < field_io.STREAM_SIZE:  # nearly every field: under every limit, whole
+        return prepare(sf, opts, readers)
     reader = readers[sf.reader]
     most = fmt.codec_for(opts.shard_format).max_field
     if most is not None and (sf.size or 0) > most:
         raise SourceError(f"field {sf.name!r} is {sf.size:,} bytes: {opts.shard_format} "
                           f"shards hold fields of up to {most:,} bytes", path=reader.where(sf),
-                          hint="pack with --format tar, which holds fields of any size")
+                          hint=f"pack with {option_hint('shard_format', 'tar')}, which holds "
+                               "fields of any size")
     as_is = prepare is _read_only or not is_image_field(sf.name)
     if as_is and opts.compression == "none":
         stream = reader.open_stream(sf)
         if stream is not None:
             return stream
     if opts.compression != "none" and (sf.size or 0) > MAX_COMPRESSED_FIELD:
-        raise SourceError(f"field {sf.name!r} is {sf.size:,} bytes: --compression zstd "
+        raise SourceError(f"field {sf.name!r} is {sf.size:,} bytes: zstd compression "
                           f"compresses a record whole, up to {MAX_COMPRESSED_FIELD:,} bytes a "
                           "field", path=reader.where(sf),
-                          hint="pack with --compression none, which copies large files in "
-                               "chunks")
+                          hint=f"pack with {option_hint('compression', 'none')}, which copies "
+                               "large files in chunks")
     return prepare(sf, opts, readers)
 
 

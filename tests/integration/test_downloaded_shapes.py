@@ -311,3 +311,43 @@ def test_info_stats_plot_without_labels_prints_the_statistics(tmp_path):
     assert result.output.strip().splitlines()[-1].startswith("shardpack: error:")
     assert "no class labels to plot" in result.output
     assert not (tmp_path / "p.png").exists()
+
+
+def test_an_option_a_command_lacks_is_spelled_as_the_cli_spells_it_elsewhere():
+    from shardpack.cli.common import flag_spelling
+    from shardpack.cli.main import main
+
+    commands = main.commands
+    spell = flag_spelling(commands["info"], commands.values())
+    assert spell("on_error", "skip") == "--skip-bad"  # info has none: pack's spelling
+    assert spell("group", "image") == "--group image"
+    assert flag_spelling(commands["pack"])("resume", True) == "--resume"
+    assert flag_spelling(None)("some_option", 3) == "--some-option 3"
+
+
+def test_a_note_names_both_spellings_and_no_marker(listed):
+    rows = [{"path": f"pics/shot.0{i}.v2.jpg", "label": i} for i in range(4)]
+    summary = shardpack.pack(write_listing(listed, "csv", rows), listed / "out", workers=1)
+    note = next(n for n in summary.notes if "column 'label' holds integers" in n)
+    assert "--label-column label" in note and "\x1f" not in note
+    result = run_cli("pack", write_listing(listed, "csv", rows), listed / "cli")
+    assert "\x1f" not in result.output
+
+
+def test_bench_skip_bad_is_for_files(tmp_path):
+    src = tmp_path / "src"
+    images(src, ["a.jpg"])
+    shardpack.pack(src, tmp_path / "out", workers=1)
+    result = run_cli("bench", tmp_path / "out", "--skip-bad", ok=False)
+    assert result.exit_code == 2 and "--skip-bad is for --files" in result.output
+
+
+def test_a_refused_tar_beside_an_export_marker_is_counted_once(tmp_path):
+    src = tmp_path / "src"
+    images(src / "a", ["x.jpg", "y.jpg"])
+    shardpack.pack(src, tmp_path / "ds", workers=1)
+    run_cli("export", tmp_path / "ds", tmp_path / "wds", "--to", "webdataset")
+    os.mkfifo(tmp_path / "wds" / "zz.tar")
+    summary = shardpack.convert(tmp_path / "wds", tmp_path / "back", workers=1,
+                                on_error="skip")
+    assert summary.skipped == {"special": 1} and summary.samples == 2

@@ -98,6 +98,9 @@ def test_file_changed_between_crc_and_copy_fails_the_shard(tmp_path, monkeypatch
 
 def test_fields_over_a_format_limit_are_refused_in_one_line(tmp_path, monkeypatch):
     src = _tree(tmp_path / "src")
+    # every limit lies above the streaming size (fields under it take the plain path)
+    assert fields.STREAM_SIZE <= min(writer.MAX_COMPRESSED_FIELD, fmt.MsgpackCodec.max_field)
+    monkeypatch.setattr(fields, "STREAM_SIZE", 1024)
     monkeypatch.setattr(writer, "MAX_COMPRESSED_FIELD", 10_000)
     result = run_cli("pack", src, tmp_path / "z", "--format", "msgpack", "--compression",
                      "zstd", "--check", "none", ok=False)

@@ -60,8 +60,8 @@ def _untouched(target) -> None:
     os.utime(target, ns=(OLD, OLD))  # (looking moved its access time)
 
 
-def _read(cache: ShardCache, item: CacheItem, blob: bytes) -> str:
-    entry = cache.open("dataset", item, _download(blob))
+def _read(cache: ShardCache, item: CacheItem, blob: bytes, dataset: str = "dataset") -> str:
+    entry = cache.open(dataset, item, _download(blob))
     try:
         assert os.pread(entry.fd, item.bytes + 1, 0) == blob
         assert stat.S_ISREG(os.lstat(entry.path).st_mode)
@@ -179,6 +179,24 @@ def test_links_are_removed_by_prune_and_clear_and_never_counted(tmp_path):
 
 # -- who may write the cache folder --------------------------------------------------------------
 
+def test_a_datasets_folder_others_can_write_stops_only_that_dataset(tmp_path):
+    """A dataset's folder made group-writable (an older release under umask 002) is refused
+    for that dataset, and left alone by every other: eviction, info and their reads go on."""
+    root = tmp_path / "cache"
+    cache = ShardCache(root, 150_000)
+    item, blob = _item()
+    kept = _read(cache, item, blob)
+    old = os.path.dirname(kept)
+    os.chmod(old, 0o775)
+    with pytest.raises(CacheError, match="writable by other users"):
+        cache.open("dataset", item, _download(blob))
+    for n in range(4):  # more than the budget: eviction runs, and skips the refused folder
+        other, other_blob = _item(50_000)
+        _read(cache, other, other_blob, dataset=f"other-{n}")
+    assert run_cli("cache", "info", "--cache-dir", root).exit_code == 0
+    assert os.path.exists(kept)  # never evicted, never touched
+
+
 @pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775])
 def test_a_cache_folder_others_can_write_is_refused_in_one_line(tmp_path, mode):
     """Others could plant links in it: refused, sticky bit or not (it keeps others from
@@ -225,8 +243,10 @@ def test_a_cache_folder_of_another_user_is_refused_in_one_line(tmp_path):
         f"{os.path.dirname(path)}: a folder of the cache belongs to another user (uid 65534), "
         f"who could plant links in it: not used (give a cache_dir of your own: cache_dir=, "
         f"--cache-dir or $SHARDPACK_CACHE)")
-    result = run_cli("cache", "info", "--cache-dir", root, ok=False)
-    assert result.exit_code == 2 and result.output == f"shardpack: error: {err.value}\n"
+    # left alone by the others: info counts the rest, another dataset still reads and writes
+    assert run_cli("cache", "info", "--cache-dir", root).exit_code == 0
+    other, other_blob = _item(60_000)
+    _read(cache, other, other_blob, dataset="other-dataset")
     os.chown(root, 65534, 65534)  # the cache folder
     message = (f"{root}: the cache folder belongs to another user (uid 65534), who could plant "
                f"links in it: not used (give a cache_dir of your own: cache_dir=, --cache-dir or "

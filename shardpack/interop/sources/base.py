@@ -100,6 +100,8 @@ class ContainerSource:
         refused = refusal(kind, real, problem, self._root, self.follow_links, folders=False)
         if refused is not None:
             hint = SOURCE_FILE_HINTS.get(refused[0], "fix or remove it")
+            if refused[0] == "link-outside" and _hub_snapshot(self.src, real):
+                hint = f"{hint}: a Hugging Face cache snapshot links into its blobs/ folder"
             self.report.bad(self.skip_bad and not required, self.storage.display(name),
                             refused[1], refused[0], hint if required else f"{hint}, or {SKIP_HINT}")
             return False
@@ -196,3 +198,10 @@ def _locate(src: str, storage_options: dict) -> tuple[Storage, str | None]:
 def inline(name: str, data: bytes) -> SourceField:
     """A field whose bytes the reader already holds (decompressed or decoded from a column)."""
     return value_field(name, bytes(data))
+
+
+def _hub_snapshot(src: str, real: str | None) -> bool:
+    """Whether SRC lies in a Hugging Face hub cache snapshot (``.../snapshots/<rev>``) whose
+    files are links into the repository's ``blobs/``: the usual way such a cache is converted,
+    and worth saying so in the refusal."""
+    return real is not None and "/snapshots/" in f"{src}/" and "/blobs/" in real

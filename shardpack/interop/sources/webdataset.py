@@ -41,8 +41,9 @@ class WebDatasetSource(ContainerSource):
     def samples(self) -> Iterator[tuple[str | None, list[SourceField], str]]:
         """``(key, fields, where)`` of each sample of each tar, in file and member order."""
         self.directories = 0
-        exported = self._exported()
-        for name in self.files():
+        names = self.files()  # once: each refused file is counted once
+        exported = self._exported(names)
+        for name in names:
             shown = self.storage.display(name)
             if name.endswith(".tar"):
                 members = self._scan(name, shown)
@@ -53,7 +54,7 @@ class WebDatasetSource(ContainerSource):
             self.note(f"{self.directories} directory entries in the tar files were ignored "
                       "(they hold no data)")
 
-    def _exported(self) -> frozenset[str]:
+    def _exported(self, names: list[str]) -> frozenset[str]:
         """The tar files here that ``shardpack export`` wrote, as its marker lists them: the
         escape in their member names is undone and its class names are the manifest's, so that
         export and convert give back the same dataset (docs/convert.md)."""
@@ -62,7 +63,7 @@ class WebDatasetSource(ContainerSource):
         marker = read_marker(self.storage)
         if marker is None or marker["to"] != "webdataset":
             return frozenset()
-        exported = frozenset(marker["files"]).intersection(self.files())
+        exported = frozenset(marker["files"]).intersection(names)
         if exported:
             self.report.classes = marker["classes"]
             self.note(f"{len(exported)} tar files written by shardpack export ({MARKER_NAME}): "
