@@ -76,20 +76,26 @@ def run_subprocess(*args, **kw) -> subprocess.CompletedProcess:
 
 # Run in the measured child: the shardpack CLI, then its own peak RSS (VmHWM) into a file
 _PEAK_PROBE = """
-import atexit, runpy, sys
+import atexit, resource, runpy, sys
+import shardpack.cli.main  # what the command imports first, before any limit
+if sys.argv[2] != "-":  # address space: what the interpreter maps now, plus the headroom
+    with open("/proc/self/status") as status:
+        size = next(int(l.split()[1]) for l in status if l.startswith("VmSize:")) * 1024
+    limit = size + int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 def _report(path=sys.argv[1]):
     with open("/proc/self/status") as status:
         peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
     with open(path, "w") as f:
         f.write(peak)
 atexit.register(_report)
-sys.argv = ["shardpack"] + sys.argv[2:]
+sys.argv = ["shardpack"] + sys.argv[3:]
 runpy.run_module("shardpack.cli", run_name="__main__", alter_sys=True)
 """
 
 
-def peak_rss(*args, preexec_fn=None, timeout: float = 600) -> tuple[subprocess.CompletedProcess,
-                                                                     int | None]:
+def peak_rss(*args, preexec_fn=None, headroom: int | None = None,
+             timeout: float = 600) -> tuple[subprocess.CompletedProcess, int | None]:
     """``python -m shardpack.cli ARGS`` in a child process, and the child's own peak RSS in
     bytes (None if it died before reporting).  The peak is the child's VmHWM, read by the child
     at exit: a child's ``ru_maxrss`` starts at its parent's size (Linux carries the high-water
@@ -99,12 +105,15 @@ def peak_rss(*args, preexec_fn=None, timeout: float = 600) -> tuple[subprocess.C
     Args:
         args: the command line after ``shardpack``.
         preexec_fn: run in the child before exec (a resource limit, say).
+        headroom: bytes of address space the command may map beyond what the interpreter and
+            the CLI's imports map (``RLIMIT_AS``, set once they are imported); None: no limit.
         timeout: seconds before the child is killed.
     """
     import tempfile
 
     with tempfile.NamedTemporaryFile("r", suffix=".peak") as report:
-        result = subprocess.run([sys.executable, "-c", _PEAK_PROBE, report.name,
+        limit = "-" if headroom is None else str(headroom)
+        result = subprocess.run([sys.executable, "-c", _PEAK_PROBE, report.name, limit,
                                  *map(str, args)], capture_output=True, text=True,
                                 timeout=timeout, preexec_fn=preexec_fn)
         found = report.read().strip()
