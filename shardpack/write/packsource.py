@@ -118,14 +118,13 @@ class PackSource(FolderWalk):
             self._runner = runner
 
     def __iter__(self) -> Iterator[SourceSample]:
-        """The samples, in walk order (the same whatever the engine)."""
+        """The samples, in walk order (the same whatever the engine).  Not a generator itself:
+        it hands out the one that makes them, with no layer per sample."""
         if self.report.layout == "listing":
-            yield from self._listing.samples(self._bad)
-            return
+            return self._listing.samples(self._bad)
         if self.need_images and self.report.group == "webdataset" and self._holds_images():
-            yield from self._with_images(self._walked())
-            return
-        yield from self._walked()  # group "image": every sample is an image and its sidecars
+            return self._with_images(self._walked())
+        return self._walked()  # group "image": every sample is an image and its sidecars
 
     def _with_images(self, samples: Iterator[SourceSample]) -> Iterator[SourceSample]:
         """The samples of a tree of images, each checked to hold one: a sample without (a

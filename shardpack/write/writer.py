@@ -113,10 +113,10 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
         sink.write(codec.file_header())
         for sample in task.samples:
             progress.sample(sample)
-            fields = _read_fields(sample, prepare, opts, readers, columns)
+            fields, streamed = _read_fields(sample, prepare, opts, readers, columns)
             if fields is None:
                 continue
-            if any(isinstance(data, FileStream) for _, data in fields):
+            if streamed:
                 _write_streamed(codec, sample.key, fields, sink, columns)
                 continue
             record, offsets, raw_size = codec.encode_sample(sample.key, fields, compressor)
@@ -186,26 +186,32 @@ _MISSING = int(fmt.MISSING)
 
 
 def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns):
-    """``[(name, bytes or FileStream)]`` of the sample's fields, or None when one cannot be
-    read and ``--skip-bad`` skips the sample (counted in ``columns``)."""
-    fields = []
+    """(``[(name, bytes or FileStream)]`` of the sample's fields, whether one is a
+    FileStream), or (None, False) when one cannot be read and ``--skip-bad`` skips the sample
+    (counted in ``columns``).  Runs once per field packed: fields under the streaming size
+    (nearly all, and under every limit) go straight to ``prepare``."""
+    fields, streamed, large = [], False, field_io.STREAM_SIZE
     try:
         for sf in sample.fields:
-            fields.append((sf.name, _field(sf, prepare, opts, readers)))
-        return fields
+            if (sf.size or 0) < large:
+                fields.append((sf.name, prepare(sf, opts, readers)))
+                continue
+            data = _large_field(sf, prepare, opts, readers)
+            streamed = streamed or isinstance(data, FileStream)
+            fields.append((sf.name, data))
+        return fields, streamed
     except SourceError as exc:
         _close_streams(fields)
         if not opts.skip_bad:
             raise
         columns.skip(sample, exc)
-        return None
+        return None, False
 
 
-def _field(sf: SourceField, prepare, opts, readers: dict):
-    """One field's bytes; or, for a large file packed as it is (uncompressed, and no image
-    check or resize to apply to it), a :class:`FileStream` the writer copies in chunks."""
-    if (sf.size or 0) < field_io.STREAM_SIZE:  # nearly every field: under every limit, whole
-        return prepare(sf, opts, readers)
+def _large_field(sf: SourceField, prepare, opts, readers: dict):
+    """A field of the streaming size or more: its bytes, or, for a file packed as it is
+    (uncompressed, and no image check or resize to apply to it), a :class:`FileStream` the
+    writer copies in chunks; over a format's limit, a one-line error."""
     reader = readers[sf.reader]
     most = fmt.codec_for(opts.shard_format).max_field
     if most is not None and (sf.size or 0) > most:
