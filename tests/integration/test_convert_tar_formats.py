@@ -5,10 +5,8 @@ the cap.  Every accepted input is compared with GNU tar's own extraction."""
 
 import bz2
 import gzip
-import io
 import json
 import lzma
-import random
 import shutil
 import subprocess
 import sys
@@ -22,62 +20,22 @@ import pytest
 from shardpack import format as fmt
 from shardpack.interop.convert import convert
 from shardpack.core.errors import SourceError
-from shardpack.read.reader import DatasetReader
 
 from testbed.helpers import run_subprocess
+from testbed.tarinputs import (base256_tar, bgzf, converted, gnu_extracted, gnu_tar,
+                                sparse_tree, tar_with_offsets)
 
 pytestmark = pytest.mark.skipif(shutil.which("tar") is None, reason="needs GNU tar")
 
 
-def _gnu_tar(*args, cwd) -> None:
-    subprocess.run(["tar", *map(str, args)], cwd=cwd, check=True, capture_output=True)
-
-
-def _extracted(archive, where) -> dict:
-    """``{key: {field: bytes}}`` of what GNU tar extracts from ``archive`` (regular files)."""
-    where.mkdir()
-    _gnu_tar("-xf", archive, cwd=where)
-    out: dict = {}
-    for path in sorted(p for p in where.rglob("*") if p.is_file()):
-        rel = path.relative_to(where).as_posix()
-        head, _, base = rel.rpartition("/")
-        stem, _, field = base.partition(".")
-        out.setdefault(f"{head}/{stem}" if head else stem, {})[field] = path.read_bytes()
-    return out
-
-
-def _converted(out) -> dict:
-    return {s["__key__"]: {k: bytes(v) for k, v in s.items() if k != "__key__"}
-            for s in DatasetReader(out)}
-
-
 def _same_as_gnu_tar(archive, tmp_path, name="out") -> dict:
     convert(archive, tmp_path / name, workers=1)
-    got = _converted(tmp_path / name)
-    assert got == _extracted(archive, tmp_path / f"{name}-gnu")
+    got = converted(tmp_path / name)
+    assert got == gnu_extracted(archive, tmp_path / f"{name}-gnu")
     return got
 
 
 # -- sparse members ------------------------------------------------------------------------
-def _sparse_tree(root) -> list[str]:
-    """Two sparse files (one with 7 data segments, more than an old GNU header holds, one ending
-    in a hole) and their labels; returns the member names in archive order."""
-    rng = random.Random(5)
-    (root / "k").mkdir(parents=True)
-    with open(root / "k/a.bin", "wb") as f:
-        f.truncate(1_048_616)
-        for i in range(7):
-            f.seek(i * 151_000)
-            f.write(rng.randbytes(3000 + i))
-    with open(root / "k/b.bin", "wb") as f:
-        f.truncate(300_000)
-        f.seek(4096)
-        f.write(b"x" * 5000)
-    (root / "k/a.cls").write_bytes(b"3")
-    (root / "k/b.cls").write_bytes(b"1")
-    return ["k/a.bin", "k/a.cls", "k/b.bin", "k/b.cls"]
-
-
 SPARSE = {"gnu": ["--format=gnu"], "pax-0.0": ["--format=posix", "--sparse-version=0.0"],
           "pax-0.1": ["--format=posix", "--sparse-version=0.1"],
           "pax-1.0": ["--format=posix", "--sparse-version=1.0"]}
@@ -86,9 +44,9 @@ SPARSE = {"gnu": ["--format=gnu"], "pax-0.0": ["--format=posix", "--sparse-versi
 @pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
 @pytest.mark.parametrize("kind", sorted(SPARSE))
 def test_sparse_members_are_expanded_like_gnu_tar(tmp_path, kind, suffix):
-    names = _sparse_tree(tmp_path / "src")
+    names = sparse_tree(tmp_path / "src")
     archive = tmp_path / f"sparse{suffix}"
-    _gnu_tar("--sparse", *SPARSE[kind], "-czf" if suffix == ".tar.gz" else "-cf", archive,
+    gnu_tar("--sparse", *SPARSE[kind], "-czf" if suffix == ".tar.gz" else "-cf", archive,
              *names, cwd=tmp_path / "src")
     got = _same_as_gnu_tar(archive, tmp_path)
     assert sorted(got) == ["k/a", "k/b"]
@@ -102,7 +60,7 @@ def test_a_sparse_member_over_the_expansion_cap_is_refused(tmp_path):
         f.truncate(300 << 20)
         f.seek(1 << 20)
         f.write(b"y" * 4096)
-    _gnu_tar("--sparse", "--format=posix", "-cf", tmp_path / "s.tar", "big.bin",
+    gnu_tar("--sparse", "--format=posix", "-cf", tmp_path / "s.tar", "big.bin",
              cwd=tmp_path / "src")
     with pytest.raises(SourceError, match=r"s\.tar: tar member 'big\.bin' is a sparse file of "
                                           r"314572800 bytes holding 4096: refused"):
@@ -110,57 +68,19 @@ def test_a_sparse_member_over_the_expansion_cap_is_refused(tmp_path):
 
 
 # -- multi-member gzip ---------------------------------------------------------------------
-def _tar_with_offsets(n: int) -> tuple[bytes, list[int]]:
-    """A tar of ``n`` samples (a .bin and a .cls each) and where each member ends."""
-    rng = random.Random(3)
-    buf, ends = io.BytesIO(), []
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        for i in range(n):
-            for field, data in (("bin", rng.randbytes(rng.randint(100, 3000))),
-                                ("cls", str(i % 7).encode())):
-                info = tarfile.TarInfo(f"s{i:04d}.{field}")
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-                ends.append(tf.offset)
-    return buf.getvalue(), ends
-
-
 @pytest.mark.parametrize("cut", ["member boundaries", "mid-member"])
 def test_multi_member_gzip_is_read_whole(tmp_path, cut):
-    raw, ends = _tar_with_offsets(100)
-    cuts, last = [], 0
-    for end in ends:  # BGZF-style: gzip members of about 64 KiB
-        if end - last >= 64 << 10:
-            last = end if cut == "member boundaries" else last + (64 << 10) + 7
-            cuts.append(last)
-    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
-    assert len(pieces) >= 3
+    raw, ends = tar_with_offsets(100)
     archive = tmp_path / "bgzf.tar.gz"
-    archive.write_bytes(b"".join(gzip.compress(p, mtime=0) for p in pieces)
-                        + gzip.compress(b"", mtime=0))  # BGZF's empty end member
+    archive.write_bytes(bgzf(raw, ends, on_boundaries=cut == "member boundaries"))
+    assert gzip.decompress(archive.read_bytes()) == raw  # several members, read whole
     got = _same_as_gnu_tar(archive, tmp_path)
     assert len(got) == 100
 
 
 # -- base-256 sizes ------------------------------------------------------------------------
-def _base256_tar() -> bytes:
-    """A ustar tar whose second member's size field is GNU base-256."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        for name, data in (("a.txt", b"first"), ("b.bin", bytes(range(256)) * 3)):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    raw = bytearray(buf.getvalue())
-    at = 1024  # the second header
-    raw[at + 124:at + 136] = b"\x80" + (768).to_bytes(11, "big")
-    raw[at + 148:at + 156] = b" " * 8
-    raw[at + 148:at + 156] = b"%06o\0 " % sum(raw[at:at + 512])
-    return bytes(raw)
-
-
 def test_base_256_sizes_read_as_gnu_tar_reads_them(tmp_path):
-    raw = _base256_tar()
+    raw = base256_tar()
     (tmp_path / "b.tar").write_bytes(raw)
     (tmp_path / "b.tar.gz").write_bytes(gzip.compress(raw, mtime=0))
     plain = _same_as_gnu_tar(tmp_path / "b.tar", tmp_path, "plain")
@@ -186,7 +106,7 @@ MISMATCH = {  # file name -> (how its bytes are made from a tar, words the error
 
 @pytest.mark.parametrize("name", sorted(MISMATCH))
 def test_compression_must_match_the_name(tmp_path, name):
-    raw, _ = _tar_with_offsets(3)
+    raw, _ = tar_with_offsets(3)
     make, *words = MISMATCH[name]
     (tmp_path / name).write_bytes(make(raw))
     result = run_subprocess("convert", tmp_path / name, tmp_path / "out", "--workers", "1",
@@ -273,7 +193,7 @@ def test_a_gzip_bomb_is_refused_before_it_is_read(tmp_path):
 def test_the_decompression_cap_stops_a_stream_between_members(tmp_path, monkeypatch):
     from shardpack.interop.sources import tarread
 
-    raw, ends = _tar_with_offsets(40)
+    raw, ends = tar_with_offsets(40)
     archive = tmp_path / "t.tar.gz"
     archive.write_bytes(gzip.compress(raw, mtime=0))
     monkeypatch.setattr(tarread, "EXPANSION_FLOOR", 20_000)

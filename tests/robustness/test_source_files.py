@@ -6,13 +6,11 @@ opens a FIFO fails the test instead of hanging it."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import socket
 import subprocess
 import sys
-import tarfile
 import textwrap
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 
 from shardpack import format as fmt
 from testbed.peerformats import litdata, mds, spec
+from testbed.tarinputs import one_sample_parquet, one_sample_tar
 
 from testbed.helpers import run_subprocess
 
@@ -29,29 +28,17 @@ pq = pytest.importorskip("pyarrow.parquet")
 LIMIT = 60  # seconds: far more than any of these conversions takes, far less than a hang
 
 
-def _tar(path: Path, key: str) -> None:
-    with tarfile.open(path, "w:gz" if path.name.endswith(".gz") else "w") as tf:
-        info = tarfile.TarInfo(f"{key}.txt")
-        info.size = len(key)
-        tf.addfile(info, io.BytesIO(key.encode()))
-
-
-def _parquet(path: Path, key: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"__key__": [key], "txt": [key.encode()]}), path)
-
-
 def _webdataset(src: Path) -> None:
     src.mkdir()
-    _tar(src / "0.tar", "k0")
+    one_sample_tar(src / "0.tar", "k0")
 
 
 def _parquet_top(src: Path) -> None:
-    _parquet(src / "0.parquet", "k0")
+    one_sample_parquet(src / "0.parquet", "k0")
 
 
 def _parquet_sub(src: Path) -> None:
-    _parquet(src / "data" / "0.parquet", "k0")
+    one_sample_parquet(src / "data" / "0.parquet", "k0")
 
 
 def _mds(src: Path) -> None:
@@ -65,10 +52,10 @@ def _litdata(src: Path) -> None:
 # case -> (builds a good source, the file put in place: (relative path, how a good one is made,
 # or None when the source's index names it and the builder made it))
 PLACES = {
-    "webdataset-tar": (_webdataset, "a.tar", _tar),
-    "webdataset-tar-gz": (_webdataset, "a.tar.gz", _tar),
-    "parquet-top": (_parquet_top, "data.parquet", _parquet),
-    "parquet-sub-folder": (_parquet_sub, "data/data.parquet", _parquet),
+    "webdataset-tar": (_webdataset, "a.tar", one_sample_tar),
+    "webdataset-tar-gz": (_webdataset, "a.tar.gz", one_sample_tar),
+    "parquet-top": (_parquet_top, "data.parquet", one_sample_parquet),
+    "parquet-sub-folder": (_parquet_sub, "data/data.parquet", one_sample_parquet),
     "mds-shard": (_mds, "shard.00000.mds", None),
     "litdata-chunk": (_litdata, "chunk-0-0.bin", None),
 }
@@ -213,7 +200,7 @@ def test_a_missing_shard_is_still_named_missing_and_a_broken_link_broken(tmp_pat
 def test_a_link_inside_src_is_read(tmp_path):
     src, target = _source(tmp_path, "webdataset-tar")
     (src / "kept").mkdir()
-    _tar(src / "kept" / "b.tar", "b")
+    one_sample_tar(src / "kept" / "b.tar", "b")
     os.symlink(src / "kept" / "b.tar", target)
     result = _convert(src, tmp_path / "out")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -224,7 +211,7 @@ def test_a_link_inside_src_is_read(tmp_path):
 def test_follow_links_is_recorded_in_the_state_a_resume_compares(tmp_path):
     src, target = _source(tmp_path, "webdataset-tar")
     outside = tmp_path / "outside.tar"
-    _tar(outside, "a")
+    one_sample_tar(outside, "a")
     os.symlink(outside, target)
     (src / "z.tar").write_bytes(b"not a tar" * 200)  # the run fails after writing its state
     out = tmp_path / "out"

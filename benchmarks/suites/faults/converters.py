@@ -8,37 +8,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from .crafted import limit_memory
+from testbed.tarinputs import (base256_tar, bgzf, converted, gnu_extracted, gnu_tar,
+                                one_sample_parquet, one_sample_tar, sparse_tree,
+                                tar_with_offsets)
+
 from .run import Try, cli
 
 TARS = "convert: tar and Parquet"
 SOURCES = "convert: source files"
-
-
-def _gnu_tar(*args, cwd) -> None:
-    subprocess.run(["tar", *map(str, args)], cwd=cwd, check=True, capture_output=True)
-
-
-def _extracted(archive: Path, where: Path) -> dict:
-    """``{key: {field: bytes}}`` of the regular files GNU tar extracts from ``archive``."""
-    where.mkdir()
-    _gnu_tar("-xf", archive, cwd=where)
-    out: dict = {}
-    for path in sorted(p for p in where.rglob("*") if p.is_file()):
-        head, _, base = path.relative_to(where).as_posix().rpartition("/")
-        stem, _, field = base.partition(".")
-        out.setdefault(f"{head}/{stem}" if head else stem, {})[field] = path.read_bytes()
-    return out
-
-
-def _converted(out: Path) -> dict:
-    import shardpack
-
-    return {s["__key__"]: {k: bytes(v) for k, v in s.items() if k != "__key__"}
-            for s in shardpack.open_reader(out)}
 
 
 def _as_gnu_tar(archive: Path, work: Path) -> tuple[str, str]:
@@ -47,7 +27,7 @@ def _as_gnu_tar(archive: Path, work: Path) -> tuple[str, str]:
     kind, detail, _ = cli("convert", archive, work / "out", "--workers", "1")
     if kind != "ok":
         return kind, detail
-    got, want = _converted(work / "out"), _extracted(archive, work / "gnu")
+    got, want = converted(work / "out"), gnu_extracted(archive, work / "gnu")
     if got != want:
         wrong = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
         return "silent", (f"{len(got)} samples converted, GNU tar extracts {len(want)}; "
@@ -60,79 +40,6 @@ def _as_gnu_tar(archive: Path, work: Path) -> tuple[str, str]:
 SPARSE = {"GNU old": ["--format=gnu"], "pax 0.0": ["--format=posix", "--sparse-version=0.0"],
           "pax 0.1": ["--format=posix", "--sparse-version=0.1"],
           "pax 1.0": ["--format=posix", "--sparse-version=1.0"]}
-
-
-def _sparse_tree(root: Path) -> list[str]:
-    """Two sparse files (7 data segments, more than an old GNU header holds; one ending in a
-    hole) and their labels: the member names."""
-    import random
-
-    rng = random.Random(5)
-    (root / "k").mkdir(parents=True)
-    with open(root / "k/a.bin", "wb") as f:
-        f.truncate(1_048_616)
-        for i in range(7):
-            f.seek(i * 151_000)
-            f.write(rng.randbytes(3000 + i))
-    with open(root / "k/b.bin", "wb") as f:
-        f.truncate(300_000)
-        f.seek(4096)
-        f.write(b"x" * 5000)
-    (root / "k/a.cls").write_bytes(b"3")
-    (root / "k/b.cls").write_bytes(b"1")
-    return ["k/a.bin", "k/a.cls", "k/b.bin", "k/b.cls"]
-
-
-def _plain_tar(n: int) -> tuple[bytes, list[int]]:
-    """A ustar tar of ``n`` samples (.bin and .cls) and the offset where each member ends."""
-    import io
-    import random
-    import tarfile
-
-    rng = random.Random(3)
-    buf, ends = io.BytesIO(), []
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        for i in range(n):
-            for field, data in (("bin", rng.randbytes(rng.randint(100, 3000))),
-                                ("cls", str(i % 7).encode())):
-                info = tarfile.TarInfo(f"s{i:04d}.{field}")
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-                ends.append(tf.offset)
-    return buf.getvalue(), ends
-
-
-def _bgzf(raw: bytes, ends: list[int], on_boundaries: bool) -> bytes:
-    """``raw`` as gzip members of about 64 KiB (ending on a tar member's end, or 7 bytes past
-    64 KiB, inside a member), and BGZF's empty last member."""
-    import gzip
-
-    cuts, last = [], 0
-    for end in ends:
-        if end - last >= 64 << 10:
-            last = end if on_boundaries else last + (64 << 10) + 7
-            cuts.append(last)
-    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
-    return b"".join(gzip.compress(p, mtime=0) for p in pieces) + gzip.compress(b"", mtime=0)
-
-
-def _base256_tar() -> bytes:
-    """A ustar tar whose second member's size field is GNU base-256."""
-    import io
-    import tarfile
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        for name, data in (("a.txt", b"first"), ("b.bin", bytes(range(256)) * 3)):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    raw = bytearray(buf.getvalue())
-    at = 1024
-    raw[at + 124:at + 136] = b"\x80" + (768).to_bytes(11, "big")
-    raw[at + 148:at + 156] = b" " * 8
-    raw[at + 148:at + 156] = b"%06o\0 " % sum(raw[at:at + 512])
-    return bytes(raw)
 
 
 def tar_format_tries(timeout: float) -> list[Try]:
@@ -151,9 +58,9 @@ def tar_format_tries(timeout: float) -> list[Try]:
 
 def _sparse_fn(kind, suffix):
     def fn(work: Path):
-        names = _sparse_tree(work / "src")
+        names = sparse_tree(work / "src")
         archive = work / f"sparse{suffix}"
-        _gnu_tar("--sparse", *SPARSE[kind], "-czf" if suffix == ".tar.gz" else "-cf", archive,
+        gnu_tar("--sparse", *SPARSE[kind], "-czf" if suffix == ".tar.gz" else "-cf", archive,
                  *names, cwd=work / "src")
         return _as_gnu_tar(archive, work)
     return fn
@@ -161,9 +68,9 @@ def _sparse_fn(kind, suffix):
 
 def _bgzf_fn(on_boundaries):
     def fn(work: Path):
-        raw, ends = _plain_tar(100)
+        raw, ends = tar_with_offsets(100)
         archive = work / "bgzf.tar.gz"
-        archive.write_bytes(_bgzf(raw, ends, on_boundaries))
+        archive.write_bytes(bgzf(raw, ends, on_boundaries))
         return _as_gnu_tar(archive, work)
     return fn
 
@@ -172,7 +79,7 @@ def _base256_fn(suffix):
     def fn(work: Path):
         import gzip
 
-        raw = _base256_tar()
+        raw = base256_tar()
         archive = work / f"b{suffix}"
         archive.write_bytes(gzip.compress(raw, mtime=0) if suffix == ".tar.gz" else raw)
         return _as_gnu_tar(archive, work)
@@ -199,13 +106,13 @@ def _misnamed_fn(how, name):
         import gzip
         import lzma
 
-        raw, _ = _plain_tar(3)
+        raw, _ = tar_with_offsets(3)
         make = {"bz2": bz2.compress, "xz": lzma.compress, "plain": lambda b: b,
                 "gz": lambda b: gzip.compress(b, mtime=0)}[how]
         (work / name).write_bytes(make(raw))
         kind, detail, _ = cli("convert", work / name, work / "out", "--workers", "1")
         if kind == "ok":
-            return "silent", f"converted {len(_converted(work / 'out'))} samples from {name}"
+            return "silent", f"converted {len(converted(work / 'out'))} samples from {name}"
         return kind, detail
     return fn
 
@@ -273,7 +180,7 @@ def _gzip_bomb_fn(case):
         size = 20 * (16 << 20)
         end = bytes(1024)
         if case.startswith("320 MiB of zeros after"):  # a small good tar, then the zeros
-            raw, _ = _plain_tar(3)
+            raw, _ = tar_with_offsets(3)
             data = _gzip_bomb(raw[:-1024], 20, end)
         else:
             data = _gzip_bomb(_header("k.bin", size, pax=case.startswith("pax")), 20, end,
@@ -325,24 +232,6 @@ def _parquet_bomb_fn(case):
 
 # -- source files that are not regular files, or lead outside SRC ----------------------------------
 
-def _tar(path: Path, key: str) -> None:
-    import io
-    import tarfile
-
-    with tarfile.open(path, "w:gz" if path.name.endswith(".gz") else "w") as tf:
-        info = tarfile.TarInfo(f"{key}.txt")
-        info.size = len(key)
-        tf.addfile(info, io.BytesIO(key.encode()))
-
-
-def _parquet(path: Path, key: str) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"__key__": [key], "txt": [key.encode()]}), path)
-
-
 def _source(src: Path, case: str) -> None:
     """A good source of ``case`` with one sample (k0), without the file the try puts in place
     unless the source's index names it (MDS, LitData)."""
@@ -350,9 +239,9 @@ def _source(src: Path, case: str) -> None:
 
     if case.startswith("WebDataset"):
         src.mkdir()
-        _tar(src / "0.tar", "k0")
+        one_sample_tar(src / "0.tar", "k0")
     elif case.startswith("Parquet"):
-        _parquet(src / ("0.parquet" if "top" in case else "data/0.parquet"), "k0")
+        one_sample_parquet(src / ("0.parquet" if "top" in case else "data/0.parquet"), "k0")
     elif case.startswith("MDS"):
         mds(src, {"txt": "bytes"}, [[b"x"]])
     else:
@@ -391,9 +280,9 @@ def _source_file_fn(case, what):
             if target.exists():  # (MDS, LitData: the index names it)
                 shutil.move(target, outside)
             elif target.name.startswith("a.tar"):
-                _tar(outside, "a")
+                one_sample_tar(outside, "a")
             else:
-                _parquet(outside, "a")
+                one_sample_parquet(outside, "a")
             os.symlink(outside, target)
         kind, detail, _ = cli("convert", src, work / "out", "--workers", "1")
         if kind == "ok":
