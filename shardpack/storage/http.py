@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import re
+import time
 
 import fsspec
 
@@ -116,10 +117,12 @@ class HttpStorage(RemoteStorage):
 
     async def _get_many(self, fs, asked: list[tuple[str, int, int]], left: float) -> list[bytes]:
         gate = asyncio.Semaphore(self.RANGES_AT_ONCE)
+        ends = time.monotonic() + left  # one deadline for all the ranges, waits at the gate too
 
         async def one(name, start, end):
-            async with gate:  # (the deadline starts when the request does)
-                return await self._get(fs, name, start, end, left, named=True)
+            async with gate:
+                return await self._get(fs, name, start, end,
+                                       max(ends - time.monotonic(), 0.001), named=True)
 
         tasks = [asyncio.ensure_future(one(*r)) for r in asked]
         try:

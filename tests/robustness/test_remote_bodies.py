@@ -222,6 +222,21 @@ def test_drip_ends_at_the_request_deadline(local_ds, serve, tmp_path):
             Storage(server.url, {"request_deadline": bad})
 
 
+def test_ranges_waiting_for_a_connection_share_one_deadline(local_ds, serve, monkeypatch):
+    """read_ranges sends its ranges a few at a time: a range that waited for its turn has only
+    what is left of the request deadline, so the whole read ends at the deadline (each range
+    alone would take 0.4 s of 0.6 s, four of them one after another 1.6 s)."""
+    from shardpack.storage.http import HttpStorage
+
+    server = serve(local_ds, delay_s=0.4, only=["*.tar"])
+    monkeypatch.setattr(HttpStorage, "RANGES_AT_ONCE", 1)
+    storage = Storage(server.url, {"request_deadline": 0.6, "retry_attempts": 1})
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="request deadline of 0.6 s"):
+        storage.read_ranges([(SHARD, 512 * i, 512 * i + 100) for i in range(4)])
+    assert time.monotonic() - start < 1.4
+
+
 # -- redirects ------------------------------------------------------------------------------------
 def test_same_host_redirect_is_followed(local_ds, truth, serve):
     server = serve(local_ds.parent)  # ROOT: the dataset is at /ds
