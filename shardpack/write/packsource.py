@@ -123,7 +123,7 @@ class PackSource(FolderWalk):
         if self.report.layout == "listing":
             return self._listing.samples(self._bad)
         if self.need_images and self.report.group == "webdataset" and self._holds_images():
-            return self._with_images(self._walked())
+            return self._walked(self._with_images)
         return self._walked()  # group "image": every sample is an image and its sidecars
 
     def _with_images(self, samples: Iterator[SourceSample]) -> Iterator[SourceSample]:
@@ -150,14 +150,17 @@ class PackSource(FolderWalk):
                              f"{', '.join(f.name for f in sample.fields)}) in a tree of images",
                       "no-image", NO_IMAGE_HINT)
 
-    def _walked(self) -> Iterator[SourceSample]:
-        """The samples of the walk, locally or on the engine."""
+    def _walked(self, keep=None) -> Iterator[SourceSample]:
+        """The samples of the walk, locally or on the engine; ``keep`` (a filter of a piece's
+        samples) runs before the class check counts them, so a class left with none of its
+        samples kept is as empty as one that had none."""
         units = self.units()
         classes = _ClassCheck(self)
         if self._runner is None:
             for unit in units:
                 classes.enter(unit)
-                for sample in self.walk_unit(unit):
+                samples = self.walk_unit(unit)
+                for sample in samples if keep is None else keep(samples):
                     classes.count += 1
                     yield sample
             classes.enter(None)
@@ -177,6 +180,8 @@ class PackSource(FolderWalk):
                                 f"{type(exc).__name__}: {exc}".splitlines()[0],
                                 path=unit[0]) from None
             self.report.add(report)
+            if keep is not None:
+                samples = list(keep(samples))
             classes.enter(unit)
             classes.count += len(samples)
             yield from samples

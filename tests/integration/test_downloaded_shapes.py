@@ -351,3 +351,17 @@ def test_a_refused_tar_beside_an_export_marker_is_counted_once(tmp_path):
     summary = shardpack.convert(tmp_path / "wds", tmp_path / "back", workers=1,
                                 on_error="skip")
     assert summary.skipped == {"special": 1} and summary.samples == 2
+
+
+def test_a_class_whose_samples_all_lack_an_image_is_empty(tmp_path):
+    """--group webdataset on a class tree: a class holding only image-less samples, skipped as
+    no-image, is an empty class (an error without --allow-empty-classes), as if it held none."""
+    src = tmp_path / "src"
+    images(src / "a", ["x.jpg"])
+    (src / "b").mkdir()
+    (src / "b" / "notes.txt").write_text("no image here")
+    with pytest.raises(SourceError, match="class folder 'b' holds no samples"):
+        shardpack.pack(src, tmp_path / "out", group="webdataset", on_error="skip", workers=1)
+    summary = shardpack.pack(src, tmp_path / "kept", group="webdataset", on_error="skip",
+                             allow_empty_classes=True, workers=1)
+    assert summary.samples == 1 and summary.skipped == {"no-image": 1}
