@@ -95,7 +95,8 @@ class Listing:
             if col in first:
                 lineno, value = first[col]
                 raise SourceError(
-                    f"column {col!r} holds class names (e.g. {value!r}), not integer labels",
+                    f"column {col!r} holds class names (e.g. {value!r}), not integer labels "
+                    "that fit int64",
                     path=f"{self.path}:{lineno}",
                     hint=f"pass {option_hint('label_column', col)} to make the names class "
                          "indices (sorted by name, as ImageFolder), or rename the column to "
@@ -174,7 +175,7 @@ class Listing:
                                   path=where, hint="pack again once it is stable")
             return number
         number = _label_int(value)
-        if number is None or not -INT64 <= number < INT64:
+        if number is None:
             bad(where, f"label {value!r} in column {self.label_column!r} is not an integer "
                        "that fits int64", "bad-label")
             return False
@@ -182,13 +183,14 @@ class Listing:
 
 
 def _label_int(value) -> int | None:
-    """An integer label (JSON number or decimal text), else None (a name)."""
+    """An integer label that fits int64 (JSON number or decimal text), else None: a name, or
+    nothing training could read as a label."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
-        return int(value)
+        value = int(value)
+    if isinstance(value, int) and -INT64 <= value < INT64:
+        return value
     return None
 
 

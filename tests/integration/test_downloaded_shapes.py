@@ -365,3 +365,11 @@ def test_a_class_whose_samples_all_lack_an_image_is_empty(tmp_path):
     summary = shardpack.pack(src, tmp_path / "kept", group="webdataset", on_error="skip",
                              allow_empty_classes=True, workers=1)
     assert summary.samples == 1 and summary.skipped == {"no-image": 1}
+
+
+def test_a_cls_column_training_cannot_read_is_refused(listed):
+    """A listing never makes a cls field training cannot read: past int64, or not an integer."""
+    for value in ("99999999999999999999", "3.5"):
+        rows = [{"path": f"pics/shot.0{i}.v2.jpg", "cls": value} for i in range(4)]
+        with pytest.raises(SourceError, match="column 'cls' holds class names"):
+            shardpack.pack(write_listing(listed, "csv", rows), listed / "out")

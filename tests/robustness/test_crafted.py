@@ -182,15 +182,16 @@ def test_ls_quoting_is_the_key_again_in_bash(tmp_path):
 # -- labels ------------------------------------------------------------------------------------
 
 def _labelled(tmp_path, labels, shard_format="msgpack", compression="zstd") -> Path:
-    """Samples s0, s1, ... with a .bin field and a ``cls`` field holding ``labels`` (bytes)."""
-    rows = []
+    """Samples s0, s1, ... with a .bin field and a ``cls`` field holding ``labels`` (bytes):
+    a tree of sidecar files, which packs any bytes (a listing refuses a label training could
+    not read)."""
+    src = tmp_path / "src"
+    src.mkdir()
     for i, label in enumerate(labels):
-        (tmp_path / f"{i}.bin").write_bytes(b"%d" % i)
-        rows.append(f"{i}.bin,s{i},{label.decode()}")
-    listing = tmp_path / "l.csv"
-    listing.write_text("path,key,cls\n" + "\n".join(rows) + "\n")
+        (src / f"s{i}.bin").write_bytes(b"%d" % i)
+        (src / f"s{i}.cls").write_bytes(label)
     out = tmp_path / "ds"
-    shardpack.pack(listing, out, shard_format=shard_format, compression=compression, workers=1)
+    shardpack.pack(src, out, shard_format=shard_format, compression=compression, workers=1)
     return out
 
 
