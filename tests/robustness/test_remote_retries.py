@@ -40,9 +40,11 @@ def _policy(monkeypatch, policy: RetryPolicy) -> None:
 
 
 def _refused(port: int) -> bool:
+    """Whether nginx is down: a connection refused, or reset by a server closing its listening
+    socket with this connection still in its backlog (the probe, not the dataset, met that)."""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
         return True
     return False
 
