@@ -13,8 +13,8 @@ import importlib
 from typing import Callable
 
 # the suite modules, in the order of docs/benchmarks.md
-MODULES = ("pack", "convert", "read", "decode", "peers", "trees", "checks", "remote", "fastlink",
-           "mix", "scale", "engines", "checkpoint", "faults")
+MODULES = ("pack", "convert", "read", "decode", "peers", "trees", "stages", "checks", "remote",
+           "fastlink", "mix", "scale", "engines", "checkpoint", "faults")
 
 
 @dataclasses.dataclass

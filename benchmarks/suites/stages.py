@@ -1,0 +1,360 @@
+"""The loader's two execution modes on the trees suite's three trees: the README pipeline with
+its decode in N threads of the training process (``execution="threads"``) or in N DataLoader
+worker processes (``execution="processes"``); images/s, the peak memory of the whole job and
+the per-stage counters of ``stats()``, each measurement in a fresh interpreter, the contenders
+alternated."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import tempfile
+import time
+
+from benchmarks import common as c
+from benchmarks.registry import suite
+from benchmarks.results import Outcome, figure
+from benchmarks.suites import trees
+
+HERE = "benchmarks.suites.stages"
+SIZE, EPOCHS = 224, 2
+MODES = ("threads", "processes")
+RATE_TARGET, RATE_TREES = 0.95, ("photos", "large")
+MEMORY_TARGET, MEMORY_WORKERS = 0.75, 2
+SAMPLE_S = 0.075  # the memory sampling interval
+STAGES = ("order", "read", "decode", "transform", "pin", "device")  # the table's order
+COUNTERS = ("items", "busy_s", "wait_in_s", "wait_out_s")
+
+
+def options(p) -> None:
+    """The stages suite's options."""
+    p.add_argument("--trees", default=",".join(trees.TREES),
+                   help=f"the trees to run, comma-separated [{','.join(trees.TREES)}]")
+    p.add_argument("--workers", default="2,8",
+                   help="the worker counts (threads or processes), comma-separated [2,8]")
+    p.add_argument("--batch-size", type=int, default=trees.BATCH,
+                   help=f"images a batch [{trees.BATCH}]")
+    p.add_argument("--icons", type=int, default=5000, help="48 px PNG icons [5000]")
+    p.add_argument("--photos", type=int, default=5000, help="~100 KB generated JPEGs [5000]")
+    p.add_argument("--large", type=int, default=512, help="3000x2000 JPEGs [512]")
+
+
+def contender(mode: str, workers: int) -> str:
+    """A contender's name: ``threads-2``, ``processes-8``."""
+    return f"{mode}-{workers}"
+
+
+# ------------------------------------------------------------------------------ the child
+
+def _loader(mode: str, workers: int, path: str, batch: int):
+    """(the dataset, the README pipeline over it) in ``mode`` with ``workers``."""
+    import shardpack
+    from torch.utils.data import DataLoader
+
+    ds = shardpack.ShardDataset(path, batch_size=batch, batched=True, shuffle=True,
+                                decode=shardpack.CpuDecode(SIZE), **_execution(mode, workers))
+    if mode == "threads":  # the threads run in this process: no DataLoader workers
+        dl = DataLoader(ds, batch_size=None, num_workers=0)
+    else:
+        dl = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=True)
+    return ds, shardpack.DeviceLoader(dl, device="cpu", decode_on="cpu")
+
+
+def _execution(mode: str, workers: int) -> dict:
+    """The dataset's execution keywords (none where this shardpack has no ``execution=``: its
+    only mode is worker processes)."""
+    if not has_execution():
+        return {}
+    return dict(execution=mode, workers=workers)
+
+
+def has_execution() -> bool:
+    """Whether this shardpack's ``ShardDataset`` takes ``execution=``."""
+    import shardpack
+
+    return "execution" in inspect.signature(shardpack.ShardDataset).parameters
+
+
+def stage_stats(*sources) -> dict:
+    """{stage: {counter: number}} from the first of ``sources`` whose ``stats`` is callable (the
+    DeviceLoader's holds the dataset's stages and its own); {} where none is."""
+    for source in sources:
+        if callable(getattr(source, "stats", None)):
+            return {str(name): {str(k): v for k, v in counters.items()
+                                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                    for name, counters in source.stats().items() if isinstance(counters, dict)}
+    return {}
+
+
+def measure(mode: str, workers: int, path: str, batch: int) -> dict:
+    """Child: one contender, EPOCHS epochs, each batch's images touched (one element read): the
+    last epoch's images/s after its first batch, the cores it used (this process and its
+    workers, from /proc), the 1st epoch's time to the first batch from the loader's
+    construction (imports before it), and ``stats()`` after each epoch."""
+    import torch  # noqa: F401  (imported before the clock starts, as shardpack's modules are)
+
+    import shardpack  # noqa: F401
+
+    t0 = time.perf_counter()
+    ds, loader = _loader(mode, workers, path, batch)
+    epochs, stats = [], []
+    for epoch in range(EPOCHS):
+        loader.set_epoch(epoch)
+        cpu0 = c.process_cpu(c.descendants(os.getpid()))
+        start = t0 if epoch == 0 else time.perf_counter()
+        first, n, after = None, 0, 0
+        for b in loader:
+            x = b["image"]
+            x[0, 0, 0, 0].item()
+            n += len(x)
+            if first is None:
+                first = time.perf_counter()
+            else:
+                after += len(x)
+        end = time.perf_counter()
+        cpu = c.process_cpu(c.descendants(os.getpid())) - cpu0
+        epochs.append(dict(n=n, after=after, steady_s=end - (first or end), wall=end - start,
+                           first=(first or end) - start, cpu=cpu))
+        stats.append(stage_stats(loader, ds))
+    last = epochs[-1]
+    rate = last["after"] / last["steady_s"] if last["after"] and last["steady_s"] > 0 else None
+    return dict(rate=rate, ttfb=epochs[0]["first"], cores=last["cpu"] / last["wall"],
+                n=last["n"], stats=stats)
+
+
+# ------------------------------------------------------------------------------ the parent
+
+def _memory_kb(pid: int) -> tuple[int, int, int]:
+    """(Rss, Pss, peak RSS) of a process in kB (/proc/PID/smaps_rollup, VmHWM of
+    /proc/PID/status); zeros once it is gone."""
+    found = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in ("Rss", "Pss"):
+                    found[name] = int(rest.split()[0])
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    found["hwm"] = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return found.get("Rss", 0), found.get("Pss", 0), found.get("hwm", 0)
+
+
+class MemorySampler:
+    """The memory of a process tree, sampled: the peak of its summed PSS (pages shared after a
+    fork split among the processes sharing them: the job's memory), the peak of its summed RSS
+    and the sum of each process's own peak RSS (shared pages counted in every process)."""
+
+    def __init__(self):
+        self.pss = self.rss = 0
+        self.hwm: dict[int, int] = {}
+
+    def sample(self, root: int) -> None:
+        """Read every process of ``root``'s tree once."""
+        rss = pss = 0
+        for pid in c.descendants(root):
+            r, p, hwm = _memory_kb(pid)
+            rss, pss = rss + r, pss + p
+            self.hwm[pid] = max(self.hwm.get(pid, 0), hwm)
+        self.pss, self.rss = max(self.pss, pss), max(self.rss, rss)
+
+    def result(self) -> dict:
+        """The peaks in MB."""
+        return dict(pss_mb=self.pss / 1024, rss_mb=self.rss / 1024,
+                    hwm_sum_mb=sum(self.hwm.values()) / 1024, processes=len(self.hwm))
+
+
+def run_child(mode: str, workers: int, path, batch: int, timeout: float = 900) -> dict:
+    """:func:`measure` in a fresh interpreter (benchmarks.child), its process tree's memory
+    sampled from here every SAMPLE_S s (outside the measured processes)."""
+    cmd = c.child_cmd(f"{HERE}:measure", mode, workers, str(path), batch)
+    memory = MemorySampler()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=c.child_env())
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                break
+            memory.sample(proc.pid)
+            time.sleep(SAMPLE_S)
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
+    return dict(c.parse_child(done, contender(mode, workers)), **memory.result())
+
+
+def measure_tree(run, tree: str, packed, kinds: list[tuple[str, int]]) -> dict:
+    """Every contender on one tree, alternated, ``run.reps`` times: {name: [results]}."""
+    c.warm(c.files_under(packed))
+    runs = {contender(*k): [] for k in kinds}
+    for rep in range(run.reps):
+        for mode, workers in c.rotated(kinds, rep):
+            r = run_child(mode, workers, packed, run.args.batch_size)
+            runs[contender(mode, workers)].append(r)
+            run.log(f"{tree} rep {rep} {contender(mode, workers):12s} "
+                    f"{r['rate'] or 0:8.1f} images/s on {r['cores']:.2f} cores, first batch "
+                    f"{r['ttfb']:6.2f} s, PSS {r['pss_mb']:6.0f} MB, sum of peak RSS "
+                    f"{r['hwm_sum_mb']:6.0f} MB ({r['processes']} processes)")
+    return runs
+
+
+# ------------------------------------------------------------------------------ figures
+
+def _ratio_note(x, target, better_low: bool, runs: str) -> str:
+    if x is None:
+        return "no figure"
+    if target is None:
+        return f"no target; {runs}"
+    ok = x <= target if better_low else x >= target
+    return f"target {'<=' if better_low else '>='} {target}x: {c.verdict(ok)}; {runs}"
+
+
+def pair_figures(tree: str, workers: int, runs: dict) -> list[dict]:
+    """images/s and peak memory of threads and processes with ``workers``, and their ratios."""
+    t, p = runs.get(contender("threads", workers)), runs.get(contender("processes", workers))
+    if not t or not p:
+        return []
+    head = f"{tree}, {workers} workers"
+
+    def med(rs, key):
+        return c.med(r[key] for r in rs)
+
+    rate_t, rate_p = med(t, "rate"), med(p, "rate")
+    pss_t, pss_p = med(t, "pss_mb"), med(p, "pss_mb")
+
+    def runs_of(key):
+        return (f"runs threads {c.spread([r[key] for r in t], '{:,.0f}')}, processes "
+                f"{c.spread([r[key] for r in p], '{:,.0f}')}")
+    figures = [figure(f"{head}: images/s, threads", rate_t, "images/s", {"processes": rate_p}, {},
+                      f"last epoch after its first batch; on {med(t, 'cores'):.2f} cores "
+                      f"(processes {med(p, 'cores'):.2f}); first batch {med(t, 'ttfb'):.2f} s "
+                      f"(processes {med(p, 'ttfb'):.2f} s)"),
+               figure(f"{head}: peak memory (summed PSS), threads", pss_t, "MB",
+                      {"processes": pss_p}, {},
+                      f"the whole job, sampled every {SAMPLE_S * 1000:.0f} ms; sum of peak RSS "
+                      f"(shared pages counted in each process): threads "
+                      f"{med(t, 'hwm_sum_mb'):,.0f}, processes {med(p, 'hwm_sum_mb'):,.0f}")]
+    x = rate_t / rate_p if rate_t and rate_p else None
+    target = RATE_TARGET if tree in RATE_TREES else None
+    figures.append(figure(f"{head}: images/s threads / processes", x, "x", {},
+                          {"target": target}, _ratio_note(x, target, False, runs_of("rate"))))
+    x = pss_t / pss_p if pss_t and pss_p else None
+    target = MEMORY_TARGET if workers == MEMORY_WORKERS else None
+    figures.append(figure(f"{head}: peak memory threads / processes", x, "x", {},
+                          {"target": target},
+                          _ratio_note(x, target, True, "PSS " + runs_of("pss_mb"))))
+    return figures
+
+
+def epoch_stages(result: dict) -> dict:
+    """The stages' counters of the measured (last) epoch of one run."""
+    return result["stats"][-1] if result.get("stats") else {}
+
+
+def stage_table(runs: list) -> dict:
+    """{stage: {counter: median over the runs}} of one contender's runs."""
+    names = {s for r in runs for s in epoch_stages(r)}
+    ordered = [s for s in STAGES if s in names] + sorted(names - set(STAGES))
+    return {s: {k: c.med(epoch_stages(r).get(s, {}).get(k) for r in runs) for k in COUNTERS}
+            for s in ordered}
+
+
+def _counters(row: dict) -> str:
+    items = row.get("items")
+    return (f"{items:,.0f} items, " if items is not None else "") + ", ".join(
+        f"{k[:-2].replace('_', ' ')} {row[k]:.2f} s" for k in ("wait_in_s", "wait_out_s")
+        if row.get(k) is not None)
+
+
+def stage_figures(tree: str, workers: int, runs: dict) -> list[dict]:
+    """One row per stage of the measured epoch with ``workers``: threads' busy seconds, the
+    processes' beside them, items and waits in the note."""
+    t = stage_table(runs.get(contender("threads", workers), []))
+    p = stage_table(runs.get(contender("processes", workers), []))
+    out = []
+    for stage in list(t) + [s for s in p if s not in t]:
+        rt, rp = t.get(stage, {}), p.get(stage, {})
+        value = rt.get("busy_s") if rt else None
+        peers = {"processes": rp.get("busy_s")} if rp else {}
+        out.append(figure(f"{tree}, {workers} workers: stage {stage}, busy", value, "s", peers, {},
+                          f"threads: {_counters(rt) or '-'}; processes: {_counters(rp) or '-'}"))
+    return out
+
+
+def tree_figures(tree: str, runs: dict, counts: list[int]) -> list[dict]:
+    """The figures of one tree: each worker count's pair, then the first count's stage table."""
+    figures = [f for w in counts for f in pair_figures(tree, w, runs)]
+    return figures + (stage_figures(tree, counts[0], runs) if counts else [])
+
+
+def _parse(run) -> tuple[list[str], list[int]]:
+    """The trees and worker counts asked for; SystemExit naming what is unknown."""
+    names = [t.strip() for t in run.args.trees.split(",") if t.strip()]
+    unknown = set(names) - set(trees.TREES)
+    if unknown:
+        raise SystemExit(f"stages: unknown tree {', '.join(sorted(unknown))}; the trees: "
+                         f"{', '.join(trees.TREES)}")
+    try:
+        counts = [int(w) for w in run.args.workers.split(",") if w.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"stages: --workers takes counts >= 1, comma-separated, got "
+                         f"{run.args.workers!r}")
+    return names, counts
+
+
+@suite("stages", title="Stages: threads or worker processes", options=options,
+       quick=dict(reps=1, icons=600, photos=600, large=40, batch_size=16),
+       measures="""The README pipeline (`CpuDecode(224)` as the dataset's decode,
+       `DeviceLoader(device="cpu", decode_on="cpu")`, normalised float NCHW, batch 256, shuffled)
+       on the trees suite's three trees (48x48 PNG icons, ~500x375 JPEGs of ~100 KB, 3000x2000
+       JPEGs of ~1.7 MB, each a tar pack of 64 MB shards), run two ways with 2 and with 8
+       workers: `execution="threads"` (the workers are threads of the training process, the
+       dataset iterated through `DataLoader(num_workers=0)`) and `execution="processes"` (a
+       DataLoader with that many persistent worker processes). Figures: the 2nd epoch's images/s
+       counted from its first batch, the peak memory of the whole job (the training process and
+       its workers) and the ratios threads / processes against their targets (>= 0.95x images/s
+       on photos and large; <= 0.75x memory with 2 workers). The memory figure is the peak of
+       the summed PSS of the process tree, sampled every 75 ms: pages shared after the fork are
+       split among the processes that share them, so the job's memory is counted once; the sum
+       of each process's peak RSS, which counts them in every worker, is in the note for
+       reference. Then one row per stage (`stats()` of the DeviceLoader: the dataset's stages and
+       its own) for the 2nd epoch with 2 workers: the seconds the stage was busy, threads beside
+       processes, with its items and its waits for input and for room downstream. Each
+       measurement in a fresh interpreter, the contenders alternated, medians.""",
+       bounds="""Two shared cores bound every figure: with both kept busy (the notes give the
+       cores used) images/s follows an image's CPU cost, and 8 workers cannot run more than 2 at
+       once, so they add memory and switches, not speed. Icons are small PNGs decoded whole by
+       Pillow, where the Python around each image (gather, calls, collation) weighs most; in
+       threads that Python runs under the one interpreter lock of the training process, in
+       processes it runs in parallel: the icons' figures and their stage rows show the gap as
+       measured. Photos and large JPEGs spend their time in the decoder's C code, which runs
+       outside the lock. Memory: worker processes each carry an interpreter, torch and their
+       batches in flight; threads share one.""")
+def run_stages(run) -> Outcome:
+    """The stages suite: each tree made and packed once (the trees suite's data), then every
+    contender, alternated."""
+    names, counts = _parse(run)
+    modes = MODES if has_execution() else ("processes",)
+    kinds = [(m, w) for w in counts for m in modes]
+    figures, raw, described = [], {}, []
+    for tree in names:
+        _, packed, what = trees.prepare(run, tree)
+        described.append(f"{tree}: {what}")
+        raw[tree] = measure_tree(run, tree, packed, kinds)
+        figures += tree_figures(tree, raw[tree], counts)
+    missing = "" if has_execution() else (" This shardpack's ShardDataset has no execution=: "
+                                          "worker processes only.")
+    setup = (f"{'; '.join(described)}. Batch {run.args.batch_size}, {SIZE}x{SIZE}, workers "
+             f"{', '.join(map(str, counts))}, {EPOCHS} epochs, {run.reps} repetitions, warm page "
+             f"cache.{missing}")
+    part = None if tuple(names) == trees.TREES and counts == [2, 8] else \
+        "-".join(names) + "-" + "-".join(map(str, counts))
+    return Outcome(figures, setup, part=part, raw=raw)
