@@ -4,13 +4,15 @@ and the page in the repository is the one the results make."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITES = {"pack", "read", "decode", "remote", "convert", "peers", "mix", "scale", "checkpoint",
-          "faults", "trees"}
+          "faults", "trees", "stages"}
 
 
 def _run(*args) -> subprocess.CompletedProcess:
@@ -40,3 +42,37 @@ def test_an_unknown_suite_is_one_line_and_exit_2():
     result = _run("no-such-suite")
     assert result.returncode != 0
     assert "no-such-suite" in result.stderr and "Traceback" not in result.stderr
+
+
+# 64 MB written by a parent, then two children forked that only sleep: the pages stay shared
+SHARED_AFTER_FORK = """
+import os, sys, time
+block = bytearray(b"\\x01") * (64 << 20)
+for _ in range(2):
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_stages_memory_sampler_counts_pages_shared_after_fork_once():
+    """The stages suite's memory figure is the job's: a page shared by three processes after a
+    fork counts once in the summed PSS, three times in the sum of peak RSS beside it."""
+    from benchmarks.suites.stages import MemorySampler
+
+    proc = subprocess.Popen([sys.executable, "-c", SHARED_AFTER_FORK], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        sampler = MemorySampler()
+        for _ in range(3):
+            sampler.sample(proc.pid)
+        got = sampler.result()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert got["processes"] == 3, got
+    assert got["hwm_sum_mb"] > 3 * 64, got
+    assert 64 < got["pss_mb"] < 64 + 0.5 * 2 * 64, got
