@@ -34,10 +34,13 @@ def options(p) -> None:
     p.add_argument("--workers", default="2,8",
                    help="the worker counts (threads or processes), comma-separated [2,8]")
     p.add_argument("--batch-size", type=int, default=trees.BATCH,
-                   help=f"images a batch [{trees.BATCH}]")
+                   help=f"images a batch of icons and photos [{trees.BATCH}]")
+    p.add_argument("--large-batch", type=int, default=64,
+                   help="images a batch of the large tree [64: 16 batches an epoch, so that 8 "
+                        "workers have two rounds]")
     p.add_argument("--icons", type=int, default=5000, help="48 px PNG icons [5000]")
     p.add_argument("--photos", type=int, default=5000, help="~100 KB generated JPEGs [5000]")
-    p.add_argument("--large", type=int, default=512, help="3000x2000 JPEGs [512]")
+    p.add_argument("--large", type=int, default=1024, help="3000x2000 JPEGs [1024]")
 
 
 def contender(mode: str, workers: int) -> str:
@@ -89,8 +92,8 @@ def stage_stats(*sources) -> dict:
 
 def measure(mode: str, workers: int, path: str, batch: int) -> dict:
     """Child: one contender, EPOCHS epochs, each batch's images touched (one element read): the
-    last epoch's images/s after its first batch, the cores it used (this process and its
-    workers, from /proc), the 1st epoch's time to the first batch from the loader's
+    last epoch's steady images/s (see :func:`steady_rate`), the cores it used (this process and
+    its workers, from /proc), the 1st epoch's time to the first batch from the loader's
     construction (imports before it), and ``stats()`` after each epoch."""
     import torch  # noqa: F401  (imported before the clock starts, as shardpack's modules are)
 
@@ -103,24 +106,33 @@ def measure(mode: str, workers: int, path: str, batch: int) -> dict:
         loader.set_epoch(epoch)
         cpu0 = c.process_cpu(c.descendants(os.getpid()))
         start = t0 if epoch == 0 else time.perf_counter()
-        first, n, after = None, 0, 0
+        arrivals = []  # (time, images) of each batch
         for b in loader:
             x = b["image"]
             x[0, 0, 0, 0].item()
-            n += len(x)
-            if first is None:
-                first = time.perf_counter()
-            else:
-                after += len(x)
+            arrivals.append((time.perf_counter(), len(x)))
         end = time.perf_counter()
         cpu = c.process_cpu(c.descendants(os.getpid())) - cpu0
-        epochs.append(dict(n=n, after=after, steady_s=end - (first or end), wall=end - start,
-                           first=(first or end) - start, cpu=cpu))
+        epochs.append(dict(n=sum(k for _, k in arrivals), batches=len(arrivals),
+                           rate=steady_rate(arrivals, workers, end), wall=end - start,
+                           first=(arrivals[0][0] if arrivals else end) - start, cpu=cpu))
         stats.append(stage_stats(loader, ds))
     last = epochs[-1]
-    rate = last["after"] / last["steady_s"] if last["after"] and last["steady_s"] > 0 else None
-    return dict(rate=rate, ttfb=epochs[0]["first"], cores=last["cpu"] / last["wall"],
-                n=last["n"], stats=stats)
+    return dict(rate=last["rate"], ttfb=epochs[0]["first"], cores=last["cpu"] / last["wall"],
+                n=last["n"], batches=last["batches"], stats=stats)
+
+
+def steady_rate(arrivals: list, workers: int, end: float) -> float | None:
+    """Images/s of an epoch once its first round is in (the first ``workers`` batches): the
+    images of the later batches over the time from that round's last batch to the epoch's end.
+    Counting from the first batch instead would favour worker processes: N of them start
+    together and hand in their first batches at about the same time, so the batches just after
+    the first cost no wait.  None where the epoch has no batch after its first round."""
+    if len(arrivals) <= workers:
+        return None
+    since = arrivals[workers - 1][0]
+    images = sum(k for _, k in arrivals[workers:])
+    return images / (end - since) if end > since else None
 
 
 # ------------------------------------------------------------------------------ the parent
@@ -189,13 +201,18 @@ def run_child(mode: str, workers: int, path, batch: int, timeout: float = 900) -
     return dict(c.parse_child(done, contender(mode, workers)), **memory.result())
 
 
+def batch_of(run, tree: str) -> int:
+    """The batch size of ``tree``."""
+    return run.args.large_batch if tree == "large" else run.args.batch_size
+
+
 def measure_tree(run, tree: str, packed, kinds: list[tuple[str, int]]) -> dict:
     """Every contender on one tree, alternated, ``run.reps`` times: {name: [results]}."""
     c.warm(c.files_under(packed))
     runs = {contender(*k): [] for k in kinds}
     for rep in range(run.reps):
         for mode, workers in c.rotated(kinds, rep):
-            r = run_child(mode, workers, packed, run.args.batch_size)
+            r = run_child(mode, workers, packed, batch_of(run, tree))
             runs[contender(mode, workers)].append(r)
             run.log(f"{tree} rep {rep} {contender(mode, workers):12s} "
                     f"{r['rate'] or 0:8.1f} images/s on {r['cores']:.2f} cores, first batch "
@@ -311,33 +328,35 @@ def _parse(run) -> tuple[list[str], list[int]]:
 
 
 @suite("stages", title="Stages: threads or worker processes", options=options,
-       quick=dict(reps=1, icons=600, photos=600, large=40, batch_size=16),
+       quick=dict(reps=1, icons=600, photos=600, large=40, batch_size=16, large_batch=4),
        measures="""The README pipeline (`CpuDecode(224)` as the dataset's decode,
-       `DeviceLoader(device="cpu", decode_on="cpu")`, normalised float NCHW, batch 256, shuffled)
-       on the trees suite's three trees (48x48 PNG icons, ~500x375 JPEGs of ~100 KB, 3000x2000
-       JPEGs of ~1.7 MB, each a tar pack of 64 MB shards), run two ways with 2 and with 8
-       workers: `execution="threads"` (the workers are threads of the training process, the
-       dataset iterated through `DataLoader(num_workers=0)`) and `execution="processes"` (a
-       DataLoader with that many persistent worker processes). Figures: the 2nd epoch's images/s
-       counted from its first batch, the peak memory of the whole job (the training process and
-       its workers) and the ratios threads / processes against their targets (>= 0.95x images/s
-       on photos and large; <= 0.75x memory with 2 workers). The memory figure is the peak of
-       the summed PSS of the process tree, sampled every 75 ms: pages shared after the fork are
+       `DeviceLoader(device="cpu", decode_on="cpu")`, normalised float NCHW, shuffled) on the
+       trees suite's three trees (48x48 PNG icons and ~500x375 JPEGs of ~100 KB in batches of
+       256, 1,024 3000x2000 JPEGs of ~1.7 MB in batches of 64; each a tar pack of 64 MB shards),
+       run two ways with 2 and with 8 workers: `execution="threads"` (the workers are threads of
+       the training process, the dataset iterated through `DataLoader(num_workers=0)`) and
+       `execution="processes"` (a DataLoader with that many persistent worker processes).
+       Figures: the 2nd epoch's images/s once its first round is in (one batch per worker: N
+       worker processes hand in their first batches together, so counting from the first batch
+       would favour them), the peak memory of the whole job (the training process and its
+       workers) and the ratios threads / processes against their targets (>= 0.95x images/s on
+       photos and large; <= 0.75x memory with 2 workers). The memory figure is the peak of the
+       summed PSS of the process tree, sampled every 75 ms: pages shared after the fork are
        split among the processes that share them, so the job's memory is counted once; the sum
        of each process's peak RSS, which counts them in every worker, is in the note for
-       reference. Then one row per stage (`stats()` of the DeviceLoader: the dataset's stages and
-       its own) for the 2nd epoch with 2 workers: the seconds the stage was busy, threads beside
-       processes, with its items and its waits for input and for room downstream. Each
+       reference. Then one row per stage (`stats()` of the DeviceLoader: the dataset's stages
+       and its own) for the 2nd epoch with 2 workers: the seconds the stage was busy, threads
+       beside processes, with its items and its waits for input and for room downstream. Each
        measurement in a fresh interpreter, the contenders alternated, medians.""",
        bounds="""Two shared cores bound every figure: with both kept busy (the notes give the
        cores used) images/s follows an image's CPU cost, and 8 workers cannot run more than 2 at
        once, so they add memory and switches, not speed. Icons are small PNGs decoded whole by
-       Pillow, where the Python around each image (gather, calls, collation) weighs most; in
-       threads that Python runs under the one interpreter lock of the training process, in
-       processes it runs in parallel: the icons' figures and their stage rows show the gap as
-       measured. Photos and large JPEGs spend their time in the decoder's C code, which runs
-       outside the lock. Memory: worker processes each carry an interpreter, torch and their
-       batches in flight; threads share one.""")
+       Pillow: per image, the Python around the decode weighs more than for a JPEG, and in
+       threads all of it runs under the training process's one interpreter lock, where each
+       worker process has its own; the icons' figures and stage rows give the gap as measured.
+       Photos and large JPEGs spend their time in the decoder's C code, which runs outside the
+       lock. Memory: worker processes each carry an interpreter, torch and their batches in
+       flight; threads share one.""")
 def run_stages(run) -> Outcome:
     """The stages suite: each tree made and packed once (the trees suite's data), then every
     contender, alternated."""
@@ -352,7 +371,8 @@ def run_stages(run) -> Outcome:
         figures += tree_figures(tree, raw[tree], counts)
     missing = "" if has_execution() else (" This shardpack's ShardDataset has no execution=: "
                                           "worker processes only.")
-    setup = (f"{'; '.join(described)}. Batch {run.args.batch_size}, {SIZE}x{SIZE}, workers "
+    setup = (f"{'; '.join(described)}. Batch {run.args.batch_size} (large: "
+             f"{run.args.large_batch}), {SIZE}x{SIZE}, workers "
              f"{', '.join(map(str, counts))}, {EPOCHS} epochs, {run.reps} repetitions, warm page "
              f"cache.{missing}")
     part = None if tuple(names) == trees.TREES and counts == [2, 8] else \
