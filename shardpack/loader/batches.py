@@ -219,9 +219,9 @@ class Batch(dict):
         lease = self.pool.lease(nbytes) if self.pool is not None and nbytes >= SLOT_MIN \
             else None
         if lease is None:
-            from shardpack.loader.torchenv import get_worker_info
+            from shardpack.loader.runtime import current
 
-            return new_buffer(nbytes, get_worker_info() is not None and nbytes >= INLINE_LIMIT)
+            return new_buffer(nbytes, current().shared and nbytes >= INLINE_LIMIT)
         tensor = torch.from_numpy(lease.array)
         if "_leases" not in self.__dict__:
             self._leases = {}
@@ -307,8 +307,8 @@ def pack_bytes(items: Sequence[bytes], into: "Batch | None" = None, *, offsets=N
     """Byte strings in one tensor (``offsets``: their int64 bounds, if already known).  With
     ``into`` (the batch they will travel in), from SLOT_MIN bytes on they go into a leased slot
     of its pool, and from INLINE_LIMIT on into memory that crosses processes cheaply when
-    ``shared`` (default: in a DataLoader worker), copied once; smaller ones travel inside the
-    pickle."""
+    ``shared`` (default: where batches cross to another process, in a DataLoader worker
+    process), copied once; smaller ones travel inside the pickle."""
     if offsets is None:
         offsets = np.zeros(len(items) + 1, dtype=np.int64)
         np.cumsum([len(b) for b in items], out=offsets[1:])
@@ -322,9 +322,9 @@ def pack_bytes(items: Sequence[bytes], into: "Batch | None" = None, *, offsets=N
         return BytesBatch(data, torch.from_numpy(offsets))
     if data is None:
         if shared is None:
-            from shardpack.loader.torchenv import get_worker_info
+            from shardpack.loader.runtime import current
 
-            shared = get_worker_info() is not None
+            shared = current().shared
         data = new_buffer(total, shared)
     dst = memoryview(data.numpy())
     if total <= _JOIN_LIMIT:  # small items: one C-level join, then one copy
@@ -420,10 +420,9 @@ def _shard_path(pool, gid) -> str | None:
     """The shard file of global sample ``gid``, where the reader that read it is known."""
     reader = getattr(pool, "reader", None)
     if reader is None:
-        from shardpack.loader.torchenv import get_worker_info
+        from shardpack.loader.runtime import current
 
-        info = get_worker_info()
-        reader = getattr(getattr(info, "dataset", None), "reader", None)
+        reader = getattr(current().dataset, "reader", None)
     if reader is None or not isinstance(gid, (int, np.integer)) or isinstance(gid, bool):
         return None
     try:

@@ -10,31 +10,41 @@ process iterates.  What is read (one dataset or a mixture) is opened by
 
 from __future__ import annotations
 
-import dataclasses
 import operator
-import warnings
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 from shardpack.core.deprecation import renamed
 from shardpack.core.errors import ShardpackError
-from shardpack.loader.batches import check_labels
 from shardpack.loader.buffers import SlotPool
-from shardpack.loader.fetching import fast_start, prefetcher
+from shardpack.loader.counters import StageTable
+from shardpack.loader.execution import RANK_WIDE, execution_of
 from shardpack.loader.mapdataset import MapDataset, open_dataset
+from shardpack.loader.pipeline import DATASET_STAGES, MapStage, Outlet, Stats
 from shardpack.loader.position import Counter, Position
+from shardpack.loader.readstages import OrderStage, ReadStage
+from shardpack.loader.runtime import current, placement, settle_worker
 from shardpack.loader.shared import SharedInt
 from shardpack.loader.sources import (
     check_fields, describe, identity, is_mixture, open_reader, read_burst,
 )
 from shardpack.loader.stages import tell_epoch
-from shardpack.loader.torchenv import IterableDataset, dist, placement, settle_worker, torch
+from shardpack.loader.torchenv import IterableDataset, dist
 from shardpack.order import partition
 from shardpack.order.mixing import check_saved_mix, mix_state, mix_summary
 from shardpack.order.spec import STATE_VERSION, Order, check_version, saved_unshuffled
 from shardpack.order.state import check_dataset, check_position, same, short
-from shardpack.read.prefetch import NOTHING
 
-__all__ = ["STATE_VERSION", "Counter", "MapDataset", "Position", "ShardDataset", "open_dataset"]
+__all__ = ["STATE_VERSION", "Counter", "MapDataset", "Pass", "Position", "ShardDataset",
+           "open_dataset"]
+
+
+class Pass(NamedTuple):
+    """A pass as opened (:meth:`ShardDataset.open_pass`): its epoch, its resume history, and
+    the worker-level state it resumes (None: none)."""
+
+    epoch: int
+    history: tuple
+    worker: dict | None
 
 
 class _OrderField:
@@ -112,6 +122,16 @@ class ShardDataset(IterableDataset):
             "Integrity"): ``"every"`` read (the default); ``"once"`` the first time a process
             reads it from a copy of its shard (then missed: bytes changed with no trace in the
             file's stat, and a cached copy changed in place); ``"none"`` for storage you trust.
+        execution: who runs the pipeline (docs/reading.md, "Threads or processes"):
+            ``"processes"`` (the default), the process that iterates, a DataLoader worker
+            process usually; ``"threads"``, ``workers`` threads of the training process,
+            iterated directly or through ``DataLoader(ds, batch_size=None, num_workers=0)``:
+            the same samples, order and crops as as many DataLoader workers.
+        workers: worker threads for ``execution="threads"`` (None: one per CPU).
+
+    ``ds.stats["skipped"]`` and the other named counts are as ever; ``ds.stats()`` is the
+    per-stage table (stage -> ``items``, ``busy_s``, ``wait_in_s``, ``wait_out_s``), summed over
+    every worker, threads or processes.
     """
 
     seed = _OrderField("seed")
@@ -131,8 +151,10 @@ class ShardDataset(IterableDataset):
                  cache_dir=None, cache_limit="50GB", prefetch_shards: int = 2,
                  trust_storage: bool = False, shard_affinity: bool = True,
                  slot_pool: SlotPool | None = None, weights: Sequence[float] | None = None,
-                 epoch_size: int | None = None, check: str | None = None):
+                 epoch_size: int | None = None, check: str | None = None,
+                 execution: str = "processes", workers: int | None = None):
         super().__init__()
+        self._execution = execution_of(execution, workers)
         # every rank reads every source of a mixture (docs/mixing.md): no shard affinity
         self.order = Order(seed=seed, shuffle=shuffle, block_size=block_size,
                            window=shuffle_window, partial=partial,
@@ -163,14 +185,36 @@ class ShardDataset(IterableDataset):
         # processes holding it
         if slot_pool is not None and not batched:
             raise ValueError("slot_pool is for batched=True (batches travel through its slots)")
-        self._pool = (slot_pool or SlotPool.create()) if batched else None
+        if slot_pool is not None and self._execution.threads:
+            raise ValueError("slot_pool is for execution='processes': worker threads hand "
+                             "batches over in memory")
+        # (worker threads hand batches over in this process's memory: no pool)
+        self._pool = (slot_pool or SlotPool.create()) if batched and \
+            not self._execution.threads else None
         if self._pool is not None:  # keys travel from workers as sample ids, looked up here
             self._pool.serve_keys(self.reader)
         self._local_epoch = 0   # epochs started in this process, used until set_epoch is called
         self._resume: dict | None = None
         self._running: Position | None = None  # the iteration running in this process, if any
-        self.stats = {"yielded": 0, "skipped": 0, "repeats": 0, "dropped": 0,
-                      "fast_start_requests": 0}
+        # every worker's per-stage counters, in a page the workers share (counters.py)
+        self._table = StageTable(DATASET_STAGES)
+        self.stats = Stats(self._table, {"yielded": 0, "skipped": 0, "repeats": 0,
+                                         "dropped": 0, "fast_start_requests": 0})
+
+    @property
+    def execution(self) -> str:
+        """Who runs the pipeline: ``"processes"`` or ``"threads"``."""
+        return self._execution.name
+
+    @property
+    def workers(self) -> int | None:
+        """Worker threads of ``execution="threads"`` (None with processes)."""
+        return self._execution.threads or None
+
+    @property
+    def is_mixture(self) -> bool:
+        """Whether the dataset reads a mixture of sources."""
+        return self._mix is not None
 
     # -- where am I -----------------------------------------------------------------------------
     def _capture_dist(self) -> None:
@@ -186,6 +230,20 @@ class ShardDataset(IterableDataset):
             rank = self._dist[0] if rank is None else rank
             world = self._dist[1] if world is None else world
         return placement(rank, world)
+
+    def placement_now(self):
+        """Where this process reads from (rank, world; worker as the caller runs)."""
+        self._capture_dist()
+        return self._placement()
+
+    def mark_running(self, position: Position) -> None:
+        """The pass that runs in this process now (its state is :meth:`state_dict`'s).
+
+        Args:
+            position: the pass's position: one worker's, or a thread execution's whole
+                rank's (worker RANK_WIDE, counting what its consumer received).
+        """
+        self._running = position
 
     # -- pickling into workers ----------------------------------------------------------------
     def __getstate__(self):
@@ -253,10 +311,9 @@ class ShardDataset(IterableDataset):
         if running is None or running.epoch != epoch:  # not iterating: what would run next
             worker = self._resume.get("worker") if self._resume else None
             return {**base, "epoch": epoch, "history": history, "worker": worker}
-        return {**base, "epoch": epoch, "history": history,
-                "worker": {"world": running.world, "rank": running.rank,
-                           "num_workers": running.num_workers, "worker": running.worker,
-                           "batch_size": self.batch_size, "yielded": running.yielded.value}}
+        if running.worker == RANK_WIDE:  # a thread execution's pass: what the consumer got
+            return self.state_dict(samples_seen=running.yielded.value)
+        return self.position_state(running)
 
 
     def _seen(self, samples_seen) -> int:
@@ -325,27 +382,44 @@ class ShardDataset(IterableDataset):
         return partition.share(self._shard_sizes(), self.order, epoch, **where_kw)
 
     def __iter__(self) -> Iterator[dict]:
-        """One pass, as stages: order (this process's share of the epoch, and where it
-        resumes), prefetch (fetching ahead, for remote data), gather (batches or samples),
-        decode and transform (applied where the items are made: :meth:`_finish`)."""
-        settle_worker()
-        self.reader.revalidate()  # shards changed since the last epoch are mapped again
-        position, share = self._begin()
-        skip = position.yielded.value
-        fetcher = NOTHING
-        try:
-            if self.reader.prefetch > 0:  # cold cache: the rank's first batch by ranged reads
-                fast_start(self.reader, self.stats, position,
-                           share.ids[skip:skip + self.batch_size])
-            fetcher = prefetcher(self.reader, share.ids[skip:], batch_size=self.batch_size,
-                                 num_workers=position.num_workers,
-                                 window=self.order.window if self.order.shuffle else 0)
-            gather = self._batches if self.batched else self._samples
-            yield from gather(share, skip, position, fetcher=fetcher)
-        finally:
-            fetcher.close()
-            self.reader.drop_pieces()
+        """One pass of this rank's share (of this worker's, in a DataLoader worker), run by the
+        dataset's execution: in the iterating process, or on its worker threads."""
+        return self._execution.run(self)
 
+    def pipeline(self, opened: "Pass | None" = None):
+        """The pass's chain of stages (docs/reading.md, "The pipeline"), its last stage:
+        order -> read -> decode -> transform.
+
+        Args:
+            opened: the pass, where an execution opened it for several workers (None: the
+                chain opens it when reset).
+        """
+        order = OrderStage(self)
+        order.opened = opened
+        read = ReadStage(self, order)
+        return MapStage("transform", self.transform, MapStage("decode", self.decode, read))
+
+    def run_pipeline(self, opened: "Pass | None" = None, moves: bool = False) -> Iterator:
+        """One pass of the chain in the calling thread (where it runs is
+        :func:`~shardpack.loader.runtime.current`'s).
+
+        Args:
+            opened: the pass, opened by the execution for all its workers (None: here).
+            moves: yield ``(item, positions it moved)`` (:meth:`Outlet.moves`).
+        """
+        settle_worker()
+        if opened is None:
+            self.reader.revalidate()  # shards changed since the last epoch are mapped again
+        last = self.pipeline(opened)
+        outlet = None
+        try:
+            last.reset()
+            outlet = Outlet(last, self._table, current().worker)
+            yield from outlet.moves() if moves else outlet
+        finally:
+            if outlet is not None:
+                outlet.flush()
+            last.close()
 
     @property
     def slot_pool(self) -> SlotPool | None:
@@ -353,19 +427,30 @@ class ShardDataset(IterableDataset):
         could be mapped)."""
         return self._pool
 
-    def _begin(self) -> tuple["Position", partition.Share]:
-        """The order stage: this process's place (epoch, resume, rank, worker) and its share of
-        the epoch; stateful decode and transform stages are told the epoch."""
-        where = self._placement()
+    def open_pass(self) -> "Pass":
+        """Open a pass, once per pass in the process that iterates (for all its worker threads
+        at once): its epoch (moved on when no ``set_epoch`` says otherwise) and what
+        ``load_state_dict`` left to resume."""
         if int(self._epoch.value) < 0 and self._running is not None:
             self._local_epoch += 1  # no set_epoch(): each new pass in this process moves on
         epoch = self.epoch
         resume, self._resume = self._resume, None
         if resume is not None and resume["epoch"] != epoch:
             resume = None  # saved for another epoch: set_epoch() moved past it
-        history = resume["history"] if resume else []
+        history = tuple(tuple(h) for h in resume["history"]) if resume else ()
+        return Pass(epoch, history, resume.get("worker") if resume else None)
+
+    def begin_pass(self, opened: "Pass") -> tuple[Position, partition.Share]:
+        """The order stage's start, in the worker that runs it: its place (rank, worker, where
+        a saved worker-level state resumes) and its share of the pass; stateful decode and
+        transform stages are told the epoch.
+
+        Args:
+            opened: the pass (:meth:`open_pass`).
+        """
+        where = self._placement()
         skip = 0
-        saved = resume.get("worker") if resume else None
+        saved = opened.worker
         if saved is not None:
             same = (saved["world"], saved["rank"], saved["num_workers"], saved["worker"],
                     saved["batch_size"]) == (where.world, where.rank, where.num_workers,
@@ -377,102 +462,28 @@ class ShardDataset(IterableDataset):
                     f"{where.num_workers} workers",
                     hint="for elastic resume save ds.state_dict(samples_seen=k) instead")
             skip = saved["yielded"]
-        share = self._share(where, epoch, history)
-        self._running = Position(epoch, tuple(tuple(h) for h in history), where.world,
-                                 where.rank, where.num_workers, where.worker, Counter(skip))
+        share = self._share(where, opened.epoch, opened.history)
+        position = Position(opened.epoch, opened.history, where.world, where.rank,
+                            where.num_workers, where.worker, Counter(skip))
+        if not current().thread:
+            self._running = position
         self.stats["dropped"] = share.dropped
         for stage in (self.decode, self.transform):  # stages with random crops follow it
-            tell_epoch(stage, epoch)
-        return self._running, share
+            tell_epoch(stage, opened.epoch)
+        return position, share
 
-    def _finish(self, item):
-        """The decode and transform stages, on a batch or a sample."""
-        if self.decode is not None:
-            item = self.decode(item)
-        if self.transform is not None:
-            item = self.transform(item)
-        return item
+    def position_state(self, position: Position) -> dict:
+        """The worker-level state of a worker at ``position`` (what a DataLoader worker's
+        ``state_dict()`` returns).
 
-
-    def _batches(self, share: partition.Share, skip: int, running: "Position",
-                 fetcher=NOTHING) -> Iterator[dict]:
-        """Whole batches, gathered straight into (shared-memory) tensors: the fast path."""
-        from shardpack.loader.batches import collate
-        from shardpack.loader.gather import Gatherer
-        from shardpack.loader.torchenv import get_worker_info
-
-        shared = get_worker_info() is not None
-        size = self.batch_size
-        gatherer = Gatherer(self.reader, share.ids, size, self.fields, shared, self._pool)
-        for start in range(skip, len(share), size):
-            part = share[start:start + size]
-            if not self.reader.has_pieces:  # (pieces: the fast start's batch goes out first)
-                fetcher.reading(start + len(part) - skip)
-            batch = None
-            try:
-                if not self.reader.has_pieces:  # else: the fast start's pieces, sample by sample
-                    batch = gatherer.batch(start, start + len(part), part.repeat)
-            except ShardpackError:
-                if self.on_error == "raise":
-                    raise
-            if batch is None:  # remote, compressed, or a bad sample to skip: sample by sample
-                inner = dataclasses.replace(running, yielded=Counter(0))
-                samples = list(self._samples(part, 0, inner, raw=True))
-                self.reader.drop_pieces()  # the fast start serves one batch only
-                if not samples:
-                    running.yielded.value = start + len(part)
-                    continue
-                batch = collate(samples, self._pool if shared else None)
-            else:
-                self.stats["yielded"] += len(part)
-                self.stats["repeats"] += int(part.repeat.sum())
-            running.yielded.value = start + len(part)
-            # the epoch travels with the batch: GPU crops in the training process follow it
-            batch["__epoch__"] = torch.full((len(batch["__index__"]),), running.epoch,
-                                            dtype=torch.int64)
-            if self._mix is not None:
-                batch["__source__"] = torch.from_numpy(
-                    self.reader.source_of(batch["__index__"].numpy()))
-            batch = self._finish(batch)
-            if not fetcher.started:  # the fast start's batch is made:
-                fetcher.reading(min(len(share), start + len(part) + size) - skip)  # downloads
-            yield batch                                  # start before it goes out
-
-    def _samples(self, share: partition.Share, skip: int, running: "Position",
-                 raw: bool = False, fetcher=NOTHING) -> Iterator[dict]:
-        """Sample by sample (``raw``: as read, for a batch to collate; else finished)."""
-        reader = self.reader
-        ids = share.ids[skip:]
-        repeats = share.repeat[skip:]
-        shards, rows = reader.locate_many(ids)
-        fields = self.fields
-        for pos, (gid, shard, row, rep) in enumerate(zip(ids.tolist(), shards.tolist(),
-                                                         rows.tolist(), repeats.tolist(),
-                                                         strict=True)):
-            running.yielded.value += 1
-            if pos == self.batch_size:
-                reader.drop_pieces()  # the fast start serves the first batch only
-            if (pos % 64 == 0 or not fetcher.started) and not reader.has_pieces:
-                fetcher.reading(pos + 64)
-            try:
-                sample = reader.read(shard, row, views=raw)  # (raw: copied into a batch)
-                if raw:  # collate parses labels: a bad one is this sample's error, skippable
-                    check_labels(sample, reader, shard, row)
-            except ShardpackError as exc:
-                if self.on_error == "raise":
-                    raise
-                self.stats["skipped"] += 1
-                warnings.warn(f"shardpack: skipped a bad sample ({exc}); "
-                              f"{self.stats['skipped']} skipped so far", stacklevel=2)
-                continue
-            if fields is not None:
-                sample = {k: v for k, v in sample.items() if k == "__key__" or k in fields}
-            sample["__index__"] = gid
-            sample["__repeat__"] = rep
-            if self._mix is not None:
-                sample["__source__"] = int(self.reader.source_of([gid])[0])
-            self.stats["repeats"] += rep
-            if not raw:
-                sample = self._finish(sample)
-            self.stats["yielded"] += 1
-            yield sample
+        Args:
+            position: the worker's position.
+        """
+        order = self.order.state()
+        return {"version": order.pop("version"), "num_samples": self._epoch_samples(),
+                "dataset": identity(self.reader, self.path)[0], **order,
+                **(mix_state(*self._mix) if self._mix is not None else {}),
+                "epoch": position.epoch, "history": [list(h) for h in position.history],
+                "worker": {"world": position.world, "rank": position.rank,
+                           "num_workers": position.num_workers, "worker": position.worker,
+                           "batch_size": self.batch_size, "yielded": position.yielded.value}}

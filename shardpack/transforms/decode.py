@@ -348,12 +348,12 @@ class CpuDecode(EpochStage):
         if not self._first:
             return self.threads, False
         self._first = False
-        from shardpack.loader.torchenv import get_worker_info
+        from shardpack.loader.runtime import current
 
-        info = get_worker_info()
-        if info is None:
+        here = current()
+        if not here.forked:  # the training process, or worker threads: one start for all
             return self.threads, False
-        if info.id != 0:
+        if here.worker != 0:
             self._head.wait()
             return self.threads, False
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None

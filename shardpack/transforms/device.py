@@ -19,7 +19,10 @@ Same API on CPU (``device="cpu"``), so training code runs unchanged on a laptop.
 Two measures of waiting, updated at every batch: ``wait_fraction``, the share of the loop's wall
 time the consumer's host thread waited for a batch; and on CUDA ``gpu_idle_fraction``, the share of
 the consumer stream's time it had nothing to do between steps (CUDA events on that stream), with
-epoch starts counted apart (``stats["gpu_start_idle_s"]``).
+epoch starts counted apart (``stats["gpu_start_idle_s"]``).  ``stats()`` (the counts are a dict
+that can be called) is the per-stage table: the dataset's stages (order, read, decode, transform,
+summed over its workers, threads or processes) and this loader's own, pin and device
+(docs/reading.md, "The pipeline").
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import time
 from shardpack.core.deprecation import renamed
 from shardpack.core.errors import DeviceError
 from shardpack.loader.batches import BytesBatch
+from shardpack.loader.counters import Counts
+from shardpack.loader.pipeline import Stats
 from shardpack.loader.stages import EpochSettable
 from shardpack.loader.torchenv import torch
 from shardpack.transforms.decode import image_batch
@@ -90,7 +95,10 @@ class DeviceLoader:
         self.field = field
         self.dtype = getattr(torch, self.spec.dtype)
         self.epoch = 0
-        self.stats: dict = {}
+        # the producer's stages: pin (pageable -> pinned host memory, CUDA only) and device
+        # (copy, GPU decode, normalisation); stats() adds them to the dataset's stages
+        self._stages = {"pin": Counts(), "device": Counts()}
+        self.stats = Stats(self._stage_table, {})
         self._clock: _GpuClock | None = None  # the running iteration's CUDA-event timer
         self._last = 0.0                     # ... and when its wall time was last counted
         self.reset_stats()
@@ -106,9 +114,24 @@ class DeviceLoader:
         """Zero the counters (e.g. after a warm-up); they are updated at every batch.  Time and
         device stalls from before the reset are not counted after it."""
         self.stats.update({name: 0.0 if name.endswith("_s") else 0 for name in STATS})
+        for counts in self._stages.values():
+            counts.take()
+        dataset = getattr(self.loader, "dataset", self.loader)
+        reset = getattr(getattr(dataset, "stats", None), "reset_stages", None)
+        if reset is not None:  # the dataset's stages start again with this loader's
+            reset()
         self._last = time.perf_counter()
         if self._clock is not None:
             self._clock.forget()
+
+    def _stage_table(self) -> dict:
+        """The loader's dataset's stages (where it has them: a ShardDataset) and this
+        loader's own, pin and device."""
+        dataset = getattr(self.loader, "dataset", self.loader)
+        table = getattr(dataset, "stats", None)
+        out = dict(table()) if callable(table) else {}
+        out.update({name: counts.as_dict() for name, counts in self._stages.items()})
+        return out
 
     @property
     def wait_fraction(self) -> float:
@@ -219,7 +242,10 @@ class DeviceLoader:
         try:
             if stream is not None:  # this thread's own current device: else every rank's is 0
                 torch.cuda.set_device(self.device)
+            counts = self._stages["device"]
+            asked = time.perf_counter()
             for batch in self.loader:
+                got = time.perf_counter()
                 if stream is not None:
                     with torch.cuda.stream(stream):
                         moved = self._to_device(batch, stream)
@@ -227,6 +253,7 @@ class DeviceLoader:
                         event.record(stream)
                 else:
                     moved, event = self._to_device(batch, None), None
+                made = time.perf_counter()
                 while not stop.is_set():
                     try:
                         ready.put((moved, event, None), timeout=0.1)
@@ -235,13 +262,14 @@ class DeviceLoader:
                         continue
                 if stop.is_set():
                     return
+                asked = _count(counts, asked, got, made)
             ready.put((None, None, StopIteration()))
         except BaseException as exc:  # hand any failure to the consumer, never hang
             ready.put((None, None, exc))
 
     def _to_device(self, batch, stream):
         if not isinstance(batch, dict):
-            return _move(batch, self.device)
+            return _move(batch, self.device, self._stages["pin"])
         if self.decode_on == "gpu":
             batch = dict(batch)
             items = image_batch(batch, self.field)
@@ -257,7 +285,8 @@ class DeviceLoader:
         elif self.decode_on == "cpu" and "image" not in batch:
             raise ValueError("decode_on='cpu' expects decoded images from the workers: pass "
                              "decode=shardpack.CpuDecode() to ShardDataset(..., batched=True)")
-        out = {k: _move(v, self.device) for k, v in batch.items() if k != "image"}
+        out = {k: _move(v, self.device, self._stages["pin"]) for k, v in batch.items()
+               if k != "image"}
         if "image" in batch:
             out["image"] = self._finish(batch["image"])
         return out
@@ -267,7 +296,7 @@ class DeviceLoader:
         channels-last memory), normalised with its mean and std."""
         if image.device != self.device:
             if self.device.type == "cuda":
-                image = image.pin_memory() if not image.is_pinned() else image
+                image = _pinned(image, self._stages["pin"]) if not image.is_pinned() else image
             image = image.to(self.device, non_blocking=True)
         nchw = self.spec.layout == "NCHW"
         if (image.device.type == "cpu" and self._mean is not None and image.dim() == 4
@@ -387,23 +416,44 @@ class _GpuClock:
             self.stats[name] += start.elapsed_time(end) / 1000
 
 
-def _move(value, device):
+def _count(counts: Counts, asked: float, got: float, made: float) -> float:
+    """Count one batch of the device stage: asked for at ``asked``, received at ``got``, moved
+    at ``made``, handed over now; returns now (when the next is asked for)."""
+    now = time.perf_counter()
+    counts.items += 1
+    counts.wait_in += got - asked
+    counts.busy += made - got
+    counts.wait_out += now - made
+    return now
+
+
+def _pinned(value: "torch.Tensor", counts: Counts | None) -> "torch.Tensor":
+    """``value`` in pinned memory, the time counted in the pin stage's ``counts``."""
+    start = time.perf_counter()
+    value = value.pin_memory()
+    if counts is not None:
+        counts.items += 1
+        counts.busy += time.perf_counter() - start
+    return value
+
+
+def _move(value, device, pins: Counts | None = None):
     """Tensors (also inside BytesBatch, dicts, lists and tuples) to ``device``: from pinned memory
-    without blocking; pageable tensors are pinned first on CUDA."""
+    without blocking; pageable tensors are pinned first on CUDA (counted in ``pins``)."""
     if isinstance(value, BytesBatch):
-        return BytesBatch(_move(value.data, device), _move(value.offsets, device))
+        return BytesBatch(_move(value.data, device, pins), _move(value.offsets, device, pins))
     if isinstance(value, torch.Tensor):
         if value.device == device:
             return value
         if device.type == "cuda" and value.device.type == "cpu" and not value.is_pinned():
-            value = value.pin_memory()
+            value = _pinned(value, pins)
         return value.to(device, non_blocking=True)
     if isinstance(value, dict):
-        return {k: _move(v, device) for k, v in value.items()}
+        return {k: _move(v, device, pins) for k, v in value.items()}
     if isinstance(value, list):
-        return [_move(v, device) for v in value]
+        return [_move(v, device, pins) for v in value]
     if isinstance(value, tuple):  # a named tuple keeps its type
-        moved = [_move(v, device) for v in value]
+        moved = [_move(v, device, pins) for v in value]
         return type(value)(*moved) if hasattr(value, "_fields") else tuple(moved)
     return value
 
