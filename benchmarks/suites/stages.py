@@ -25,6 +25,7 @@ MEMORY_TARGET, MEMORY_WORKERS = 0.75, 2
 SAMPLE_S = 0.075  # the memory sampling interval
 STAGES = ("order", "read", "decode", "transform", "pin", "device")  # the table's order
 COUNTERS = ("items", "busy_s", "wait_in_s", "wait_out_s")
+STATS_SETTLE_S = 0.3  # waited after an epoch before reading stats() (3 of the workers' flushes)
 
 
 def options(p) -> None:
@@ -66,10 +67,11 @@ def _loader(mode: str, workers: int, path: str, batch: int):
 
 def _execution(mode: str, workers: int) -> dict:
     """The dataset's execution keywords (none where this shardpack has no ``execution=``: its
-    only mode is worker processes)."""
+    only mode is worker processes; with processes the DataLoader's ``num_workers`` says how
+    many)."""
     if not has_execution():
         return {}
-    return dict(execution=mode, workers=workers)
+    return dict(execution=mode, workers=workers) if mode == "threads" else dict(execution=mode)
 
 
 def has_execution() -> bool:
@@ -104,6 +106,7 @@ def measure(mode: str, workers: int, path: str, batch: int) -> dict:
     epochs, stats = [], []
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
+        loader.reset_stats()  # the stages' counters are cumulative: each epoch its own table
         cpu0 = c.process_cpu(c.descendants(os.getpid()))
         start = t0 if epoch == 0 else time.perf_counter()
         arrivals = []  # (time, images) of each batch
@@ -116,6 +119,9 @@ def measure(mode: str, workers: int, path: str, batch: int) -> dict:
         epochs.append(dict(n=sum(k for _, k in arrivals), batches=len(arrivals),
                            rate=steady_rate(arrivals, workers, end), wall=end - start,
                            first=(arrivals[0][0] if arrivals else end) - start, cpu=cpu))
+        # workers hand their counters to the table every FLUSH_S and at their pass's end, which
+        # may come after the training process has taken the last batch
+        time.sleep(STATS_SETTLE_S)
         stats.append(stage_stats(loader, ds))
     last = epochs[-1]
     return dict(rate=last["rate"], ttfb=epochs[0]["first"], cores=last["cpu"] / last["wall"],
@@ -217,7 +223,7 @@ def measure_tree(run, tree: str, packed, kinds: list[tuple[str, int]]) -> dict:
             run.log(f"{tree} rep {rep} {contender(mode, workers):12s} "
                     f"{r['rate'] or 0:8.1f} images/s on {r['cores']:.2f} cores, first batch "
                     f"{r['ttfb']:6.2f} s, PSS {r['pss_mb']:6.0f} MB, sum of peak RSS "
-                    f"{r['hwm_sum_mb']:6.0f} MB ({r['processes']} processes)")
+                    f"{r['hwm_sum_mb']:6.0f} MB, processes {r['processes']}")
     return runs
 
 
@@ -249,7 +255,7 @@ def pair_figures(tree: str, workers: int, runs: dict) -> list[dict]:
         return (f"runs threads {c.spread([r[key] for r in t], '{:,.0f}')}, processes "
                 f"{c.spread([r[key] for r in p], '{:,.0f}')}")
     figures = [figure(f"{head}: images/s, threads", rate_t, "images/s", {"processes": rate_p}, {},
-                      f"last epoch after its first batch; on {med(t, 'cores'):.2f} cores "
+                      f"2nd epoch once its first round is in; on {med(t, 'cores'):.2f} cores "
                       f"(processes {med(p, 'cores'):.2f}); first batch {med(t, 'ttfb'):.2f} s "
                       f"(processes {med(p, 'ttfb'):.2f} s)"),
                figure(f"{head}: peak memory (summed PSS), threads", pss_t, "MB",
@@ -297,6 +303,8 @@ def stage_figures(tree: str, workers: int, runs: dict) -> list[dict]:
     out = []
     for stage in list(t) + [s for s in p if s not in t]:
         rt, rp = t.get(stage, {}), p.get(stage, {})
+        if not rt.get("items") and not rp.get("items"):  # pin without CUDA: nothing to show
+            continue
         value = rt.get("busy_s") if rt else None
         peers = {"processes": rp.get("busy_s")} if rp else {}
         out.append(figure(f"{tree}, {workers} workers: stage {stage}, busy", value, "s", peers, {},
