@@ -353,9 +353,13 @@ def _parse(run) -> tuple[list[str], list[int]]:
        split among the processes that share them, so the job's memory is counted once; the sum
        of each process's peak RSS, which counts them in every worker, is in the note for
        reference. Then one row per stage (`stats()` of the DeviceLoader: the dataset's stages
-       and its own) for the 2nd epoch with 2 workers: the seconds the stage was busy, threads
-       beside processes, with its items and its waits for input and for room downstream. Each
-       measurement in a fresh interpreter, the contenders alternated, medians.""",
+       and its own) for the 2nd epoch with 2 workers: the wall seconds its workers spent in it,
+       summed over them (a wait for a core or for the interpreter lock counts as busy), threads
+       beside processes; the note gives its items (batches: the stages pass whole batches) and
+       its waits, on its input (in a chain that pulls, the time of the stages before it) and,
+       for the dataset's last stage, on the consumer. A stage that counted nothing (pin, without
+       CUDA) has no row. Each measurement in a fresh interpreter, the contenders alternated,
+       medians.""",
        bounds="""Two shared cores bound every figure: with both kept busy (the notes give the
        cores used) images/s follows an image's CPU cost, and 8 workers cannot run more than 2 at
        once, so they add memory and switches, not speed. Icons are small PNGs decoded whole by
