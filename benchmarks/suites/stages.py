@@ -143,15 +143,17 @@ def steady_rate(arrivals: list, workers: int, end: float) -> float | None:
 
 # ------------------------------------------------------------------------------ the parent
 
-def _memory_kb(pid: int) -> tuple[int, int, int]:
-    """(Rss, Pss, peak RSS) of a process in kB (/proc/PID/smaps_rollup, VmHWM of
-    /proc/PID/status); zeros once it is gone."""
+def _memory_kb(pid: int) -> tuple[int, int, int, int]:
+    """(Rss, Pss, Pss less its file-backed pages, peak RSS) of a process in kB
+    (/proc/PID/smaps_rollup, VmHWM of /proc/PID/status); zeros once it is gone.  File-backed
+    pages are the page cache: local shards, which shardpack reads through mmap, and the
+    libraries' code; what is left is what the process allocated (heap, the batch slots)."""
     found = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
                 name, _, rest = line.partition(":")
-                if name in ("Rss", "Pss"):
+                if name in ("Rss", "Pss", "Pss_File"):
                     found[name] = int(rest.split()[0])
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -159,30 +161,33 @@ def _memory_kb(pid: int) -> tuple[int, int, int]:
                     found["hwm"] = int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
-    return found.get("Rss", 0), found.get("Pss", 0), found.get("hwm", 0)
+    pss = found.get("Pss", 0)
+    return found.get("Rss", 0), pss, pss - found.get("Pss_File", 0), found.get("hwm", 0)
 
 
 class MemorySampler:
     """The memory of a process tree, sampled: the peak of its summed PSS (pages shared after a
-    fork split among the processes sharing them: the job's memory), the peak of its summed RSS
-    and the sum of each process's own peak RSS (shared pages counted in every process)."""
+    fork split among the processes sharing them: the job's memory), that less the file-backed
+    pages, the peak of its summed RSS and the sum of each process's own peak RSS (shared pages
+    counted in every process)."""
 
     def __init__(self):
-        self.pss = self.rss = 0
+        self.pss = self.own = self.rss = 0
         self.hwm: dict[int, int] = {}
 
     def sample(self, root: int) -> None:
         """Read every process of ``root``'s tree once."""
-        rss = pss = 0
+        rss = pss = own = 0
         for pid in c.descendants(root):
-            r, p, hwm = _memory_kb(pid)
-            rss, pss = rss + r, pss + p
+            r, p, o, hwm = _memory_kb(pid)
+            rss, pss, own = rss + r, pss + p, own + o
             self.hwm[pid] = max(self.hwm.get(pid, 0), hwm)
         self.pss, self.rss = max(self.pss, pss), max(self.rss, rss)
+        self.own = max(self.own, own)
 
     def result(self) -> dict:
         """The peaks in MB."""
-        return dict(pss_mb=self.pss / 1024, rss_mb=self.rss / 1024,
+        return dict(pss_mb=self.pss / 1024, own_mb=self.own / 1024, rss_mb=self.rss / 1024,
                     hwm_sum_mb=sum(self.hwm.values()) / 1024, processes=len(self.hwm))
 
 
@@ -222,7 +227,8 @@ def measure_tree(run, tree: str, packed, kinds: list[tuple[str, int]]) -> dict:
             runs[contender(mode, workers)].append(r)
             run.log(f"{tree} rep {rep} {contender(mode, workers):12s} "
                     f"{r['rate'] or 0:8.1f} images/s on {r['cores']:.2f} cores, first batch "
-                    f"{r['ttfb']:6.2f} s, PSS {r['pss_mb']:6.0f} MB, sum of peak RSS "
+                    f"{r['ttfb']:6.2f} s, PSS {r['pss_mb']:6.0f} MB (less file pages {r['own_mb']:5.0f}), "
+                    f"sum of peak RSS "
                     f"{r['hwm_sum_mb']:6.0f} MB, processes {r['processes']}")
     return runs
 
@@ -260,18 +266,23 @@ def pair_figures(tree: str, workers: int, runs: dict) -> list[dict]:
                       f"(processes {med(p, 'ttfb'):.2f} s)"),
                figure(f"{head}: peak memory (summed PSS), threads", pss_t, "MB",
                       {"processes": pss_p}, {},
-                      f"the whole job, sampled every {SAMPLE_S * 1000:.0f} ms; sum of peak RSS "
-                      f"(shared pages counted in each process): threads "
+                      f"the whole job, sampled every {SAMPLE_S * 1000:.0f} ms; less the "
+                      f"file-backed pages (mapped shards, the libraries' code): threads "
+                      f"{med(t, 'own_mb'):,.0f}, processes {med(p, 'own_mb'):,.0f}; sum of peak "
+                      f"RSS (shared pages counted in each process): threads "
                       f"{med(t, 'hwm_sum_mb'):,.0f}, processes {med(p, 'hwm_sum_mb'):,.0f}")]
     x = rate_t / rate_p if rate_t and rate_p else None
     target = RATE_TARGET if tree in RATE_TREES else None
     figures.append(figure(f"{head}: images/s threads / processes", x, "x", {},
                           {"target": target}, _ratio_note(x, target, False, runs_of("rate"))))
     x = pss_t / pss_p if pss_t and pss_p else None
+    own_t, own_p = med(t, "own_mb"), med(p, "own_mb")
+    own = f"{own_t / own_p:.2f}x" if own_t and own_p else "-"
     target = MEMORY_TARGET if workers == MEMORY_WORKERS else None
     figures.append(figure(f"{head}: peak memory threads / processes", x, "x", {},
                           {"target": target},
-                          _ratio_note(x, target, True, "PSS " + runs_of("pss_mb"))))
+                          _ratio_note(x, target, True, f"less file pages {own}; PSS "
+                                      + runs_of("pss_mb"))))
     return figures
 
 
@@ -350,16 +361,17 @@ def _parse(run) -> tuple[list[str], list[int]]:
        workers) and the ratios threads / processes against their targets (>= 0.95x images/s on
        photos and large; <= 0.75x memory with 2 workers). The memory figure is the peak of the
        summed PSS of the process tree, sampled every 75 ms: pages shared after the fork are
-       split among the processes that share them, so the job's memory is counted once; the sum
-       of each process's peak RSS, which counts them in every worker, is in the note for
-       reference. Then one row per stage (`stats()` of the DeviceLoader: the dataset's stages
-       and its own) for the 2nd epoch with 2 workers: the wall seconds its workers spent in it,
-       summed over them (a wait for a core or for the interpreter lock counts as busy), threads
-       beside processes; the note gives its items (batches: the stages pass whole batches) and
-       its waits, on its input (in a chain that pulls, the time of the stages before it) and,
-       for the dataset's last stage, on the consumer. A stage that counted nothing (pin, without
-       CUDA) has no row. Each measurement in a fresh interpreter, the contenders alternated,
-       medians.""",
+       split among the processes that share them, so the job's memory is counted once; the note
+       gives it less the file-backed pages (the page cache: the shards shardpack maps, which one
+       process touching them all holds in its PSS, and the libraries' code) and, for reference,
+       the sum of each process's peak RSS, which counts shared pages in every worker. Then one
+       row per stage (`stats()` of the DeviceLoader: the dataset's stages and its own) for the
+       2nd epoch with 2 workers: the wall seconds its workers spent in it, summed over them (a
+       wait for a core or for the interpreter lock counts as busy), threads beside processes;
+       the note gives its items (batches: the stages pass whole batches) and its waits, on its
+       input (in a chain that pulls, the time of the stages before it) and, for the dataset's
+       last stage, on the consumer. A stage that counted nothing (pin, without CUDA) has no row.
+       Each measurement in a fresh interpreter, the contenders alternated, medians.""",
        bounds="""Two shared cores bound every figure: with both kept busy (the notes give the
        cores used) images/s follows an image's CPU cost, and 8 workers cannot run more than 2 at
        once, so they add memory and switches, not speed. Icons are small PNGs decoded whole by
