@@ -227,9 +227,9 @@ def measure_tree(run, tree: str, packed, kinds: list[tuple[str, int]]) -> dict:
             runs[contender(mode, workers)].append(r)
             run.log(f"{tree} rep {rep} {contender(mode, workers):12s} "
                     f"{r['rate'] or 0:8.1f} images/s on {r['cores']:.2f} cores, first batch "
-                    f"{r['ttfb']:6.2f} s, PSS {r['pss_mb']:6.0f} MB (less file pages {r['own_mb']:5.0f}), "
-                    f"sum of peak RSS "
-                    f"{r['hwm_sum_mb']:6.0f} MB, processes {r['processes']}")
+                    f"{r['ttfb']:6.2f} s, PSS {r['pss_mb']:6.0f} MB (less file pages "
+                    f"{r['own_mb']:5.0f}), sum of peak RSS {r['hwm_sum_mb']:6.0f} MB, "
+                    f"processes {r['processes']}")
     return runs
 
 
