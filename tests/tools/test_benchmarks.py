@@ -76,3 +76,13 @@ def test_the_stages_memory_sampler_counts_pages_shared_after_fork_once():
     assert got["processes"] == 3, got
     assert got["hwm_sum_mb"] > 3 * 64, got
     assert 64 < got["pss_mb"] < 64 + 0.5 * 2 * 64, got
+
+
+def test_the_stages_rate_counts_from_the_first_round_of_batches():
+    """8 worker processes hand in their first batches together at 4 s, the next 8 at 8 s: 512
+    images/s from the round on (from the first batch it would read 960)."""
+    from benchmarks.suites.stages import steady_rate
+
+    arrivals = [(4.0, 256)] * 8 + [(4.0 + 0.5 * (k + 1), 256) for k in range(8)]
+    assert steady_rate(arrivals, 8, 8.0) == 8 * 256 / 4.0
+    assert steady_rate(arrivals[:8], 8, 4.0) is None
