@@ -26,11 +26,13 @@ from shardpack.order.spec import Order
 from shardpack.transforms.spec import TransformSpec
 from shardpack.write.options import PackOptions
 
-_TORCH_API = {"CpuDecode": "transforms.decode", "DeviceLoader": "transforms.device",
+_TORCH_API = {"CpuDecode": "transforms.decode", "Decode": "transforms.operation",
+              "DeviceLoader": "transforms.device",
               "Batch": "loader.batches", "ShardDataset": "loader.dataset",
               "MapDataset": "loader.dataset", "open_dataset": "loader.dataset",
               "BytesBatch": "loader.batches", "Keys": "loader.batches",
-              "collate": "loader.batches", "pack_bytes": "loader.batches"}
+              "collate": "loader.batches", "pack_bytes": "loader.batches",
+              "ShardNode": "loader.node"}
 
 
 def __getattr__(name):
@@ -49,6 +51,7 @@ __all__ = [
     "CpuDecode",
     "DatasetNotFoundError",
     "DatasetReader",
+    "Decode",
     "DecodeError",
     "DeviceError",
     "DeviceLoader",
@@ -64,6 +67,7 @@ __all__ = [
     "PackSummary",
     "RemoteError",
     "ShardDataset",
+    "ShardNode",
     "ShardpackError",
     "Source",
     "SourceError",

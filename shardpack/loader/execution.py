@@ -52,20 +52,21 @@ class ThreadExecution:
         self.threads = workers
 
     def run(self, dataset):
-        """One pass on the worker threads, items in round-robin order."""
+        """One pass on the worker threads, items in round-robin order.  The pass opens here
+        (its state is the new pass's from now on); the threads start at the first item."""
         if current().forked:
             raise ValueError("execution='threads' runs its own worker threads: iterate the "
                              "dataset directly, or through DataLoader(ds, batch_size=None, "
                              "num_workers=0)")
-        return self._run(dataset)
-
-    def _run(self, dataset):
         dataset.reader.revalidate()  # once for all workers (each worker's would race)
         opened = dataset.open_pass()
         where = dataset.placement_now()
         consumed = Counter(0)
         dataset.mark_running(Position(opened.epoch, opened.history, where.world, where.rank,
                                       self.threads, RANK_WIDE, consumed))
+        return self._run(dataset, opened, consumed)
+
+    def _run(self, dataset, opened, consumed: Counter):
         stop = threading.Event()
         queues = [queue.Queue(maxsize=QUEUE_ITEMS) for _ in range(self.threads)]
         workers = [threading.Thread(target=_work, name=f"shardpack-worker-{i}", daemon=True,
@@ -79,14 +80,18 @@ class ThreadExecution:
         try:
             while turns:
                 i = turns.popleft()
-                kind, item, moved = queues[i].get()
+                kind, items, moved = queues[i].get()
                 if kind == "end":
                     continue
                 if kind == "error":
-                    raise item
+                    raise items
                 turns.append(i)
-                consumed.value += moved
-                yield item
+                for item in items[:-1]:  # samples of a part: one position each...
+                    consumed.value += 1
+                    moved -= 1
+                    yield item
+                consumed.value += moved  # ...the last one also those skipped
+                yield items[-1]
         finally:
             stop.set()
             for i, worker in enumerate(workers):
@@ -103,9 +108,18 @@ def _work(dataset, opened, runtime: Runtime, out: queue.Queue, stop: threading.E
     with running_as(runtime):
         items = dataset.run_pipeline(opened, moves=True)
         try:
-            for item, moved in items:
-                if not _put(out, ("item", item, moved), stop):
-                    return
+            # a part of a batch's samples goes as one entry: the turns go round by parts, as
+            # a DataLoader's go round by its workers' batches
+            part, moved = [], 0
+            for item, step, whole in items:
+                part.append(item)
+                moved += step
+                if whole:
+                    if not _put(out, ("items", part, moved), stop):
+                        return
+                    part, moved = [], 0
+            if part and not _put(out, ("items", part, moved), stop):
+                return
             _put(out, ("end", None, 0), stop)
         except BaseException as exc:  # hand every failure to the consumer, never hang
             _put(out, ("error", exc, 0), stop)

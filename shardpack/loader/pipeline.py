@@ -125,21 +125,27 @@ class Outlet:
         self._flushed = time.perf_counter()
 
     def __iter__(self):
-        return (item for item, _ in self.moves())
+        return (item for item, _, _ in self.moves())
 
     def moves(self):
-        """``(item, positions)``: each item with how far it moved the chain's position (the
-        samples of the share it stands for, skipped ones included)."""
-        last, position = self.last, getattr(self.stages[0], "position", None)
+        """``(item, positions, whole)``: each item with how far it moved the chain's position
+        (the samples of the share it stands for, skipped ones included) and whether the part
+        of a batch the first stage handed out is now done."""
+        last, first = self.last, self.stages[0]
+        position = getattr(first, "position", None)
         while True:
             before = position.yielded.value if position is not None else 0
             try:
                 item = next(last)
             except StopIteration:
                 return
-            moved = position.yielded.value - before if position is not None else 1
+            if position is None:
+                moved, whole = 1, True
+            else:
+                moved = position.yielded.value - before
+                whole = position.yielded.value >= first.handed_out
             left = time.perf_counter()
-            yield item, moved
+            yield item, moved, whole
             back = time.perf_counter()
             last.counts.wait_out += back - left
             if back - self._flushed >= FLUSH_S:

@@ -58,6 +58,11 @@ class OrderStage(Stage):
         self.position, self.share = self.dataset.begin_pass(opened)
         self._next = self.position.yielded.value
 
+    @property
+    def handed_out(self) -> int:
+        """The end of the last part handed out (positions in the share)."""
+        return self._next
+
     def state(self) -> dict:
         """The dataset's worker-level state at this chain's position."""
         return self.dataset.position_state(self.position)

@@ -53,7 +53,8 @@ class DeviceLoader:
     Args:
         loader: the DataLoader (or any iterable of batches).
         device: where batches go (``"cuda"`` is the current CUDA device).
-        decode_on: where images are decoded: None (no images: batches pass through), ``"cpu"``
+        decode_on: where images are decoded: None (no images: batches pass through; or, when
+            the loader's dataset decodes with :class:`~shardpack.Decode`, its ``place``), ``"cpu"``
             (the workers did, with :class:`~shardpack.CpuDecode`) or ``"gpu"`` (nvJPEG, here).
             ``decode=`` is its old, deprecated name.
         prefetch_batches: batches moved (and decoded) ahead of the consumer (at least 1).
@@ -68,7 +69,8 @@ class DeviceLoader:
         spec: the whole :class:`~shardpack.transforms.spec.TransformSpec` instead of ``size``,
             ``train``, ``seed``, ``flip``, ``normalize`` and ``dtype`` (pass the CpuDecode's own
             for ``decode_on="cpu"``: its crop part is the workers', the rest is read here).
-        on_error: ``"raise"`` or ``"skip"`` (a zero image, flagged) an image nothing decodes.
+        on_error: ``"raise"`` or ``"skip"`` (a zero image, flagged) an image nothing decodes
+            (None: the dataset's :class:`~shardpack.Decode`'s, else ``"raise"``).
         decode_backend: stands in for nvJPEG (a list of encoded uint8 tensors -> a list of
             uint8 CHW tensors, e.g. :func:`shardpack.transforms.gpudecode.standin_backend`);
             with it ``decode_on="gpu"`` runs its whole plan on any device, CUDA or not (tests,
@@ -80,8 +82,15 @@ class DeviceLoader:
                  prefetch_batches: int = 2, *, size: int | None = None,
                  train: bool | None = None, field: str | None = None, seed: int | None = None,
                  flip: bool | None = None, normalize: bool | None = None, dtype=None,
-                 spec: TransformSpec | None = None, on_error: str = "raise",
+                 spec: TransformSpec | None = None, on_error: str | None = None,
                  decode_backend=None):
+        placed = _placed_decode(loader)
+        if placed is not None and decode_on is None:  # the spec and place given once
+            decode_on, field = placed.place, field if field is not None else placed.field
+            on_error = on_error or placed.on_error
+            if spec is None and all(v is None for v in (size, train, seed, flip)):
+                spec = placed.spec
+        on_error = on_error or "raise"
         if decode_on not in DECODE_PLACES:
             raise ValueError(f"decode_on must be None, 'cpu' or 'gpu', got {decode_on!r}")
         if on_error not in ("raise", "skip"):
@@ -414,6 +423,15 @@ class _GpuClock:
             name, start, end = self.pending.pop(0)
             end.synchronize()
             self.stats[name] += start.elapsed_time(end) / 1000
+
+
+def _placed_decode(loader):
+    """The loader's dataset's :class:`~shardpack.Decode` stage (one that says its ``place``),
+    or None."""
+    from shardpack.transforms.operation import Decode
+
+    stage = getattr(getattr(loader, "dataset", loader), "decode", None)
+    return stage if isinstance(stage, Decode) else None
 
 
 def _count(counts: Counts, asked: float, got: float, made: float) -> float:
