@@ -388,7 +388,7 @@ class ShardDataset(IterableDataset):
 
     def pipeline(self, opened: "Pass | None" = None):
         """The pass's chain of stages (docs/reading.md, "The pipeline"), its last stage:
-        order -> read -> decode -> transform.
+        order -> read -> decode -> transform (those the dataset has).
 
         Args:
             opened: the pass, where an execution opened it for several workers (None: the
@@ -396,16 +396,20 @@ class ShardDataset(IterableDataset):
         """
         order = OrderStage(self)
         order.opened = opened
-        read = ReadStage(self, order)
-        return MapStage("transform", self.transform, MapStage("decode", self.decode, read))
+        last = ReadStage(self, order)
+        for name, fn in (("decode", self.decode), ("transform", self.transform)):
+            if fn is not None:  # (a stage with nothing to do is left out: not even counted)
+                last = MapStage(name, fn, last)
+        return last
 
-    def run_pipeline(self, opened: "Pass | None" = None, moves: bool = False) -> Iterator:
+    def run_pipeline(self, opened: "Pass | None" = None, parts: bool = False) -> Iterator:
         """One pass of the chain in the calling thread (where it runs is
         :func:`~shardpack.loader.runtime.current`'s).
 
         Args:
             opened: the pass, opened by the execution for all its workers (None: here).
-            moves: yield ``(item, positions it moved)`` (:meth:`Outlet.moves`).
+            parts: yield ``(item, positions it moved)``, a part's samples as one
+                (:meth:`Outlet.parts`).
         """
         settle_worker()
         if opened is None:
@@ -415,7 +419,7 @@ class ShardDataset(IterableDataset):
         try:
             last.reset()
             outlet = Outlet(last, self._table, current().worker)
-            yield from outlet.moves() if moves else outlet
+            yield from outlet.parts() if parts else outlet
         finally:
             if outlet is not None:
                 outlet.flush()

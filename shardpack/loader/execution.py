@@ -3,7 +3,8 @@ process), or a pool of threads in the training process.  Chosen once, when the d
 (``ShardDataset(execution=...)``); the stages never know which.
 
 With threads, worker ``i`` of ``N`` reads exactly what DataLoader worker ``i`` of ``N`` would, and
-the items are handed out round-robin as the DataLoader hands out its workers' batches: the same
+the items are handed out round-robin by parts of a batch, as the DataLoader hands out its
+workers' batches: the same
 samples, in the same order, with the same crops (docs/reading.md, "Threads or processes").
 """
 
@@ -14,12 +15,14 @@ import queue
 import threading
 from collections import deque
 
+from shardpack.loader.pipeline import Samples
 from shardpack.loader.position import Counter, Position
 from shardpack.loader.runtime import Runtime, current, running_as
 
 EXECUTIONS = ("processes", "threads")
 RANK_WIDE = -1   # a Position's worker when it counts what a thread execution handed out
-QUEUE_ITEMS = 2  # items each worker thread makes ahead (the DataLoader's prefetch_factor)
+QUEUE_ITEMS = 1  # items each worker thread holds made (and one it makes): fewer batches in
+#                 flight than the DataLoader's prefetch_factor=2 (memory is why threads)
 POLL_S = 0.1     # how often a blocked worker thread looks for the consumer having stopped
 
 
@@ -80,18 +83,22 @@ class ThreadExecution:
         try:
             while turns:
                 i = turns.popleft()
-                kind, items, moved = queues[i].get()
+                kind, item, moved = queues[i].get()
                 if kind == "end":
                     continue
                 if kind == "error":
-                    raise items
+                    raise item
                 turns.append(i)
-                for item in items[:-1]:  # samples of a part: one position each...
-                    consumed.value += 1
-                    moved -= 1
+                if isinstance(item, Samples):  # a part's samples, one by one
+                    before = item.start
+                    for sample, after in zip(item, item.positions, strict=True):
+                        consumed.value += after - before
+                        before = after
+                        yield sample
+                    consumed.value += item.end - before
+                else:
+                    consumed.value += moved
                     yield item
-                consumed.value += moved  # ...the last one also those skipped
-                yield items[-1]
         finally:
             stop.set()
             for i, worker in enumerate(workers):
@@ -106,20 +113,11 @@ def _work(dataset, opened, runtime: Runtime, out: queue.Queue, stop: threading.E
     """A worker thread: its pipeline's items into ``out``, then ("end", None), or
     ("error", exc) on any failure (the consumer raises it)."""
     with running_as(runtime):
-        items = dataset.run_pipeline(opened, moves=True)
+        items = dataset.run_pipeline(opened, parts=True)
         try:
-            # a part of a batch's samples goes as one entry: the turns go round by parts, as
-            # a DataLoader's go round by its workers' batches
-            part, moved = [], 0
-            for item, step, whole in items:
-                part.append(item)
-                moved += step
-                if whole:
-                    if not _put(out, ("items", part, moved), stop):
-                        return
-                    part, moved = [], 0
-            if part and not _put(out, ("items", part, moved), stop):
-                return
+            for item, moved in items:
+                if not _put(out, ("item", item, moved), stop):
+                    return
             _put(out, ("end", None, 0), stop)
         except BaseException as exc:  # hand every failure to the consumer, never hang
             _put(out, ("error", exc, 0), stop)

@@ -21,6 +21,26 @@ from typing import Callable
 from shardpack.loader.counters import FLUSH_S, Counts, StageTable
 
 DATASET_STAGES = ("order", "read", "decode", "transform")
+_clock = time.perf_counter
+
+
+class Samples(list):
+    """A part's samples, read sample by sample: one item of the stages, so that a sample costs
+    them nothing; the chain's end hands them out one by one (:class:`Outlet`).
+
+    Args:
+        start: the share's position before the part.
+        end: the share's position after it (skipped samples included).
+    """
+
+    def __init__(self, start: int, end: int, samples=(), positions=None):
+        super().__init__(samples)
+        self.start, self.end = start, end
+        self.positions: list[int] = [] if positions is None else positions  # after each
+
+    def mapped(self, fn: Callable) -> "Samples":
+        """``fn`` applied to each sample, the positions kept."""
+        return Samples(self.start, self.end, map(fn, self), self.positions)
 
 
 class Stage:
@@ -60,23 +80,23 @@ class Stage:
 
     def pull(self):
         """The source's next item; the time it takes is this stage's wait on its input."""
-        start = time.perf_counter()
+        start = _clock()
         try:
             return next(self.source)
         finally:
-            self._waited += time.perf_counter() - start
+            self._waited += _clock() - start
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        start = time.perf_counter()
+        start = _clock()
         self._waited = 0.0
         item = self.step()
         counts = self.counts
         counts.items += 1
         counts.wait_in += self._waited
-        counts.busy += time.perf_counter() - start - self._waited
+        counts.busy += _clock() - start - self._waited
         return item
 
     def close(self) -> None:
@@ -105,7 +125,9 @@ class MapStage(Stage):
     def step(self):
         """The source's next item, with ``fn`` applied."""
         item = self.pull()
-        return item if self.fn is None else self.fn(item)
+        if self.fn is None:
+            return item
+        return item.mapped(self.fn) if isinstance(item, Samples) else self.fn(item)
 
 
 class Outlet:
@@ -125,30 +147,44 @@ class Outlet:
         self._flushed = time.perf_counter()
 
     def __iter__(self):
-        return (item for item, _, _ in self.moves())
+        """The items, a part's :class:`Samples` one by one, the chain's position moving with
+        each (what a worker-level state reads)."""
+        last, position = self.last, getattr(self.stages[0], "position", None)
+        counts = last.counts
+        while True:
+            try:
+                item = next(last)
+            except StopIteration:
+                return
+            if isinstance(item, Samples):
+                for sample, after in zip(item, item.positions, strict=True):
+                    position.yielded.value = after
+                    left = _clock()
+                    yield sample
+                    counts.wait_out += _clock() - left
+                position.yielded.value = item.end  # (skipped samples at its end too)
+            else:
+                left = _clock()
+                yield item
+                counts.wait_out += _clock() - left
+            if _clock() - self._flushed >= FLUSH_S:
+                self.flush()
 
-    def moves(self):
-        """``(item, positions, whole)``: each item with how far it moved the chain's position
-        (the samples of the share it stands for, skipped ones included) and whether the part
-        of a batch the first stage handed out is now done."""
-        last, first = self.last, self.stages[0]
-        position = getattr(first, "position", None)
+    def parts(self):
+        """``(item, positions)``: each item whole (a part's :class:`Samples` as one) with how
+        far it moved the share's position, skipped samples included: what a worker thread
+        hands over."""
+        last, position = self.last, getattr(self.stages[0], "position", None)
         while True:
             before = position.yielded.value if position is not None else 0
             try:
                 item = next(last)
             except StopIteration:
                 return
-            if position is None:
-                moved, whole = 1, True
-            else:
-                moved = position.yielded.value - before
-                whole = position.yielded.value >= first.handed_out
-            left = time.perf_counter()
-            yield item, moved, whole
-            back = time.perf_counter()
-            last.counts.wait_out += back - left
-            if back - self._flushed >= FLUSH_S:
+            left = _clock()
+            yield item, (position.yielded.value - before if position is not None else 1)
+            last.counts.wait_out += _clock() - left
+            if _clock() - self._flushed >= FLUSH_S:
                 self.flush()
 
     def flush(self) -> None:

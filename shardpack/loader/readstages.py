@@ -7,7 +7,6 @@ run: that is :func:`shardpack.loader.runtime.current`'s answer.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 
@@ -15,8 +14,7 @@ from shardpack.core.errors import ShardpackError
 from shardpack.loader.batches import check_labels, collate
 from shardpack.loader.fetching import fast_start, prefetcher
 from shardpack.loader.gather import Gatherer
-from shardpack.loader.pipeline import Stage
-from shardpack.loader.position import Counter
+from shardpack.loader.pipeline import Samples, Stage
 from shardpack.loader.runtime import current
 from shardpack.loader.torchenv import torch
 from shardpack.read.prefetch import NOTHING
@@ -117,7 +115,7 @@ class ReadStage(Stage):
         return self.source.state()
 
     def step(self):
-        """The next batch (or sample)."""
+        """The next batch, or (sample by sample) the next part's :class:`Samples`."""
         return next(self._items)
 
     def close(self) -> None:
@@ -178,8 +176,7 @@ class ReadStage(Stage):
 
     def _collated(self, part, position):
         """One part read sample by sample and collated (None: every sample was skipped)."""
-        inner = dataclasses.replace(position, yielded=Counter(0))
-        samples = list(self._read_samples(part, inner, raw=True))
+        samples = self._read_part(part, raw=True)
         self.reader.drop_pieces()  # the fast start serves one batch only
         if not samples:
             return None
@@ -187,54 +184,55 @@ class ReadStage(Stage):
         return collate(samples, pool)
 
     def _samples(self, skip: int):
-        """Sample by sample, part after part."""
-        position = self.source.position
+        """Sample by sample: each part's samples as one :class:`Samples` (the stages after
+        this one map over it, the chain's end hands its samples out one by one)."""
         for start, part in self._parts():
-            position.yielded.value = start
-            yield from self._read_samples(part, position, first=start - skip)
+            yield self._read_part(part, first=start - skip, start=start)
 
-    def _read_samples(self, part, position, raw: bool = False, first: int | None = None):
+    def _read_part(self, part, raw: bool = False, first: int | None = None,
+                   start: int = 0) -> "Samples":
         """The samples of ``part`` (``raw``: as read, for a batch to collate; else with the
         dataset's fields only).  ``first``: the part's place in the pass, for the prefetcher
         and the fast start (which serves the pass's first batch only); None: a batch's part,
-        whose fetching the batch path tells."""
+        whose fetching the batch path tells.  ``start``: its place in the share."""
         ds, reader, fetcher = self.dataset, self.reader, self._fetcher
         shards, rows = reader.locate_many(part.ids)
+        fields, mixture = ds.fields, ds.is_mixture
+        out = Samples(start, start + len(part))
+        repeats = 0
         for pos, (gid, shard, row, rep) in enumerate(zip(
                 part.ids.tolist(), shards.tolist(), rows.tolist(), part.repeat.tolist(),
                 strict=True)):
-            position.yielded.value += 1
-            if first is not None:
+            if first is not None:  # (inline: a call a sample is a few percent of a small one)
                 at = first + pos
                 if at == ds.batch_size:
                     reader.drop_pieces()  # the fast start serves the first batch only
                 if (at % FETCH_STEP == 0 or not fetcher.started) and not reader.has_pieces:
                     fetcher.reading(at + FETCH_STEP)
-            sample = self._read_one(gid, shard, row, rep, raw)
-            if sample is None:
+            try:
+                sample = reader.read(shard, row, views=raw)  # (raw: copied into a batch)
+                if raw:  # collate parses labels: a bad one is this sample's, skippable
+                    check_labels(sample, reader, shard, row)
+            except ShardpackError as exc:
+                self._skip(exc)
                 continue
-            self.tally("repeats", rep)
-            self.tally("yielded")
-            yield sample
+            if fields is not None:
+                sample = {k: v for k, v in sample.items() if k == "__key__" or k in fields}
+            sample["__index__"] = gid
+            sample["__repeat__"] = rep
+            if mixture:
+                sample["__source__"] = int(reader.source_of([gid])[0])
+            repeats += rep
+            out.append(sample)
+            out.positions.append(start + pos + 1)
+        self.tally("yielded", len(out))
+        self.tally("repeats", repeats)
+        return out
 
-    def _read_one(self, gid: int, shard: int, row: int, rep: bool, raw: bool) -> dict | None:
-        """One sample's fields (None: a bad one, skipped and counted)."""
-        ds, reader = self.dataset, self.reader
-        try:
-            sample = reader.read(shard, row, views=raw)  # (raw: copied into a batch)
-            if raw:  # collate parses labels: a bad one is this sample's error, skippable
-                check_labels(sample, reader, shard, row)
-        except ShardpackError as exc:
-            if ds.on_error == "raise":
-                raise
-            self.tally("skipped")
-            warnings.warn(f"shardpack: skipped a bad sample ({exc}); "
-                          f"{ds.stats['skipped']} skipped so far", stacklevel=2)
-            return None
-        if ds.fields is not None:
-            sample = {k: v for k, v in sample.items() if k == "__key__" or k in ds.fields}
-        sample["__index__"] = gid
-        sample["__repeat__"] = rep
-        if ds.is_mixture:
-            sample["__source__"] = int(reader.source_of([gid])[0])
-        return sample
+    def _skip(self, exc: ShardpackError) -> None:
+        """A bad sample: raised, or with ``on_error="skip"`` counted, with a warning."""
+        if self.dataset.on_error == "raise":
+            raise exc
+        self.tally("skipped")
+        warnings.warn(f"shardpack: skipped a bad sample ({exc}); "
+                      f"{self.dataset.stats['skipped']} skipped so far", stacklevel=3)

@@ -51,7 +51,8 @@ class DeviceLoader:
     """Batches of a DataLoader on ``device``, fetched (and decoded) ahead on a side stream.
 
     Args:
-        loader: the DataLoader (or any iterable of batches).
+        loader: the DataLoader (or any iterable of batches: a ``ShardDataset`` with
+            ``execution="threads"`` directly).
         device: where batches go (``"cuda"`` is the current CUDA device).
         decode_on: where images are decoded: None (no images: batches pass through; or, when
             the loader's dataset decodes with :class:`~shardpack.Decode`, its ``place``), ``"cpu"``
@@ -125,7 +126,7 @@ class DeviceLoader:
         self.stats.update({name: 0.0 if name.endswith("_s") else 0 for name in STATS})
         for counts in self._stages.values():
             counts.take()
-        dataset = getattr(self.loader, "dataset", self.loader)
+        dataset = _dataset_of(self.loader)
         reset = getattr(getattr(dataset, "stats", None), "reset_stages", None)
         if reset is not None:  # the dataset's stages start again with this loader's
             reset()
@@ -136,7 +137,7 @@ class DeviceLoader:
     def _stage_table(self) -> dict:
         """The loader's dataset's stages (where it has them: a ShardDataset) and this
         loader's own, pin and device."""
-        dataset = getattr(self.loader, "dataset", self.loader)
+        dataset = _dataset_of(self.loader)
         table = getattr(dataset, "stats", None)
         out = dict(table()) if callable(table) else {}
         out.update({name: counts.as_dict() for name, counts in self._stages.items()})
@@ -172,14 +173,14 @@ class DeviceLoader:
         """
         self.epoch = epoch
         self._consumed = 0
-        dataset = getattr(self.loader, "dataset", None)
+        dataset = _dataset_of(self.loader)
         if isinstance(dataset, EpochSettable):
             dataset.set_epoch(epoch)
 
     def state_dict(self) -> dict:
         """The epoch and the dataset's state at the samples handed to the consumer so far
         (``dataset.state_dict(samples_seen=...)``): batches still in flight are not counted."""
-        dataset = self.loader.dataset
+        dataset = _dataset_of(self.loader)
         return {"dataset": dataset.state_dict(samples_seen=self._consumed), "epoch": self.epoch}
 
     def load_state_dict(self, state: dict) -> None:
@@ -191,7 +192,7 @@ class DeviceLoader:
         """
         self.epoch = state["epoch"]
         self._consumed = 0
-        self.loader.dataset.load_state_dict(state["dataset"])
+        _dataset_of(self.loader).load_state_dict(state["dataset"])
 
     # -- iteration ------------------------------------------------------------------------------
     def __iter__(self):
@@ -425,12 +426,18 @@ class _GpuClock:
             self.stats[name] += start.elapsed_time(end) / 1000
 
 
+def _dataset_of(loader):
+    """The dataset a loader reads: a DataLoader's, or the loader itself (a ShardDataset with
+    worker threads is iterated directly)."""
+    return getattr(loader, "dataset", loader)
+
+
 def _placed_decode(loader):
     """The loader's dataset's :class:`~shardpack.Decode` stage (one that says its ``place``),
     or None."""
     from shardpack.transforms.operation import Decode
 
-    stage = getattr(getattr(loader, "dataset", loader), "decode", None)
+    stage = getattr(_dataset_of(loader), "decode", None)
     return stage if isinstance(stage, Decode) else None
 
 

@@ -43,13 +43,18 @@ def _jpeg(i: int) -> bytes:
 
 def _dataset(path, **kw):
     kw.setdefault("batched", True)
+    decode = kw.pop("decode", True)
+    if isinstance(decode, bool):
+        decode = CpuDecode(16) if decode else None
     return ShardDataset(path, batch_size=B, seed=5, block_size=4, shuffle_window=16,
-                        decode=CpuDecode(16) if kw.pop("decode", True) else None, **kw)
+                        decode=decode, **kw)
 
 
 def _ids(item):
     if isinstance(item, tuple):  # the order stage's (start, part)
         return item[1].ids.tolist()
+    if isinstance(item, list):  # a part's samples
+        return [sample["__index__"] for sample in item]
     index = item["__index__"]
     return index.tolist() if isinstance(index, torch.Tensor) else [index]
 
@@ -58,11 +63,17 @@ def _stage(ds, name):
     return next(stage for stage in ds.pipeline().chain() if stage.name == name)
 
 
+def _same(item):
+    return item
+
+
 class _Run:
     """One stage of a fresh chain, iterated from its reset (or a loaded state)."""
 
     def __init__(self, path, name, batched):
-        self.stage = _stage(_dataset(path, batched=batched, decode=batched), name)
+        ds = _dataset(path, batched=batched, decode=True if batched else _same,
+                      transform=_same)
+        self.stage = _stage(ds, name)
         self.state = None
 
     def __iter__(self):
@@ -192,8 +203,9 @@ def test_stats_count_every_stage_over_all_workers(images, execution):
     table = ds.stats()
     assert list(table) == list(DATASET_STAGES)
     for name in DATASET_STAGES:
-        assert table[name]["items"] == len(batches), name
         assert set(table[name]) == {"items", "busy_s", "wait_in_s", "wait_out_s"}
+        # a stage the dataset has counts every batch; one it lacks (no transform) counts none
+        assert table[name]["items"] == (0 if name == "transform" else len(batches)), name
     assert table["decode"]["busy_s"] > 0 and table["read"]["busy_s"] > 0
     # each stage waits on its input for at least what the stages before it were busy
     assert table["decode"]["wait_in_s"] >= table["read"]["busy_s"] * 0.99
@@ -258,3 +270,18 @@ def test_one_decode_operation_placed_by_an_argument(images, place):
         assert a["image"].dtype == torch.float32 and torch.equal(a["image"], b["image"])
     with pytest.raises(ValueError, match="place must be one of"):
         shardpack.Decode(spec, place="tpu")
+
+
+def test_device_loader_over_a_thread_dataset_directly_resumes(images):
+    def make():
+        ds = _dataset(images, decode=shardpack.Decode(shardpack.TransformSpec(size=16),
+                                                      place="cpu"),
+                      execution="threads", workers=2)
+        return shardpack.DeviceLoader(ds)  # no DataLoader: the threads are the workers
+
+    def load(loader, state):
+        loader.load_state_dict(state)
+
+    assert_resumes(make, lambda loader, c, s: loader.state_dict(), load, _ids, points=(0, 3))
+    batch = next(iter(make()))
+    assert batch["image"].dtype == torch.float32  # the place and spec came from the dataset
