@@ -39,6 +39,7 @@ from shardpack.loader.pipeline import Stats
 from shardpack.loader.stages import EpochSettable
 from shardpack.loader.torchenv import torch
 from shardpack.transforms.decode import image_batch
+from shardpack.transforms.gpuclock import GpuClock
 from shardpack.transforms.gpudecode import GpuDecoder, batch_epoch, resolve_device
 from shardpack.transforms.spec import TransformSpec, spec_of
 
@@ -109,7 +110,7 @@ class DeviceLoader:
         # (copy, GPU decode, normalisation); stats() adds them to the dataset's stages
         self._stages = {"pin": Counts(), "device": Counts()}
         self.stats = Stats(self._stage_table, {})
-        self._clock: _GpuClock | None = None  # the running iteration's CUDA-event timer
+        self._clock: GpuClock | None = None  # the running iteration's CUDA-event timer
         self._last = 0.0                     # ... and when its wall time was last counted
         self.reset_stats()
         self._consumed = 0  # samples handed to the consumer this epoch (for state_dict)
@@ -207,7 +208,7 @@ class DeviceLoader:
 
         thread = threading.Thread(target=self._produce, args=(stream, ready, stop),
                                   name="shardpack-prefetch", daemon=True)
-        clock = self._clock = _GpuClock(self.stats) if cuda else None
+        clock = self._clock = GpuClock(self.stats) if cuda else None
         self._last = time.perf_counter()
         thread.start()
         first = True
@@ -372,58 +373,6 @@ def _normalisation(spec: TransformSpec, device) -> tuple:
     shape = (1, 3, 1, 1) if spec.layout == "NCHW" else (1, 1, 1, 3)
     return tuple(torch.tensor([v * 255 for v in values], device=device).view(shape)
                  for values in (spec.mean, spec.std))
-
-
-class _GpuClock:
-    """CUDA events on the consumer's stream, read once they have completed (never blocking the
-    loop).  Per batch: ``asked`` when the consumer asks for it (after everything it queued for
-    the previous step), ``before`` and ``after`` around the stream's wait on the batch's copy and
-    decode.  Then
-
-    * ``device_wait_s`` += before -> after: the stream stalled on the batch's copy and decode;
-    * ``gpu_idle_s`` += asked -> after: the stream had nothing to do, from finishing the previous
-      step's work until the batch was there and the host had queued the wait (a late host counts:
-      the event completes only once recorded); an iteration's first batch goes to
-      ``gpu_start_idle_s`` instead (an epoch start), counted in ``epoch_starts``;
-    * ``gpu_busy_s`` += after -> the next asked: the step's work.
-
-    ``events`` makes the timing events (tests pass stand-ins)."""
-
-    def __init__(self, stats: dict, events=None):
-        self.stats, self.pending = stats, []
-        self._event = events or (lambda: torch.cuda.Event(enable_timing=True))
-        self._asked = self._after = None
-
-    def asked(self, stream) -> None:
-        self._asked = self._event()
-        self._asked.record(stream)
-        if self._after is not None:  # the previous batch's step, up to this ask
-            self.pending.append(("gpu_busy_s", self._after, self._asked))
-            self._after = None
-
-    def handed(self, stream, event, first: bool) -> None:
-        before, after = self._event(), self._event()
-        before.record(stream)
-        stream.wait_event(event)
-        after.record(stream)
-        self.pending.append(("device_wait_s", before, after))
-        if self._asked is not None:
-            self.pending.append(("gpu_start_idle_s" if first else "gpu_idle_s", self._asked, after))
-            if first:
-                self.stats["epoch_starts"] += 1
-        self._after, self._asked = after, None
-        self.settle()
-
-    def forget(self) -> None:
-        """A reset: intervals begun before it are not counted after it."""
-        self.pending.clear()
-        self._asked = self._after = None
-
-    def settle(self, wait: bool = False) -> None:
-        while self.pending and (wait or self.pending[0][2].query()):
-            name, start, end = self.pending.pop(0)
-            end.synchronize()
-            self.stats[name] += start.elapsed_time(end) / 1000
 
 
 def _dataset_of(loader):

@@ -392,10 +392,11 @@ class _FakeStream:
 
 
 def test_gpu_clock_counts_idle_between_steps_and_epoch_starts_apart():
-    from shardpack.transforms.device import STATS, _GpuClock
+    from shardpack.transforms.device import STATS
+    from shardpack.transforms.gpuclock import GpuClock
 
     stats = {name: 0.0 if name.endswith("_s") else 0 for name in STATS}
-    clock, stream = _GpuClock(stats, events=_FakeEvent), _FakeStream()
+    clock, stream = GpuClock(stats, events=_FakeEvent), _FakeStream()
 
     def at(ms, fn, *args):
         _FakeEvent.now = ms
