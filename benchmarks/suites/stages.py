@@ -42,6 +42,8 @@ def options(p) -> None:
     p.add_argument("--icons", type=int, default=5000, help="48 px PNG icons [5000]")
     p.add_argument("--photos", type=int, default=5000, help="~100 KB generated JPEGs [5000]")
     p.add_argument("--large", type=int, default=1024, help="3000x2000 JPEGs [1024]")
+    p.add_argument("--counters", type=int, default=1, choices=(0, 1),
+                   help="measure the stage counters' cost against a bytes-only batch [1]")
 
 
 def contender(mode: str, workers: int) -> str:
@@ -233,6 +235,94 @@ def measure_tree(run, tree: str, packed, kinds: list[tuple[str, int]]) -> dict:
     return runs
 
 
+# ------------------------------------------------------------------------------ counters
+
+COUNTER_SAMPLES, COUNTER_BATCH, COUNTER_ITEMS = 40_000, 256, 100_000
+
+
+def counters_dataset(run):
+    """40,000 samples of 1 KB (a bytes-only epoch is where the counters weigh most), packed
+    once into the run's data folder."""
+    import shardpack
+
+    out = run.data_dir / f"stages-counters-{COUNTER_SAMPLES}"
+    if not (out / "manifest.json").exists():
+        src = run.data_dir / f"stages-counters-src-{COUNTER_SAMPLES}"
+        rng = __import__("random").Random(0)
+        for i in range(COUNTER_SAMPLES):
+            path = src / f"c{i % 4}" / f"{i:06d}.bin"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(rng.randbytes(1000))
+        shardpack.pack(src, out, workers=1)
+    return out
+
+
+def measure_counters(path: str) -> dict:
+    """Child: what the stage counters cost against a bytes-only batch.  (1) The median time of a
+    batch of COUNTER_BATCH 1 KB samples, every read checked, in this process (5 epochs after a
+    first); (2) the counters' own time an item: the dataset's chain of stages (order, read,
+    decode, transform, outlet) over COUNTER_ITEMS items with stages that do nothing, less the
+    same items through the bare steps; a batch of the dataset is one item of each stage."""
+    import statistics
+
+    import shardpack
+    from shardpack.loader.pipeline import MapStage, Outlet, Stage
+
+    ds = shardpack.ShardDataset(path, batch_size=COUNTER_BATCH, batched=True, shuffle=True)
+    per_batch = []
+    for epoch in range(6):
+        start, count = time.perf_counter(), sum(1 for _ in ds)
+        if epoch:
+            per_batch.append((time.perf_counter() - start) / count)
+
+    class Source(Stage):
+        name = "order"
+
+        def __init__(self, n):
+            super().__init__(None)
+            self.left = n
+
+        def step(self):
+            if self.left <= 0:
+                raise StopIteration
+            self.left -= 1
+            return self.left
+
+    def counted():
+        last = Source(COUNTER_ITEMS)
+        for name in ("read", "decode", "transform"):
+            last = MapStage(name, abs, last)
+        start = time.perf_counter()
+        for _ in Outlet(last, None, 0):
+            pass
+        return time.perf_counter() - start
+
+    def bare():
+        source = Source(COUNTER_ITEMS)
+        start = time.perf_counter()
+        try:
+            while True:
+                abs(abs(abs(source.step())))
+        except StopIteration:
+            return time.perf_counter() - start
+
+    costs = [(counted() - bare()) / COUNTER_ITEMS for _ in range(5)]
+    return dict(batch_s=statistics.median(per_batch), counter_s=statistics.median(costs))
+
+
+def counter_figures(run) -> list[dict]:
+    """The counters' cost a batch, against a bytes-only batch's time."""
+    path = counters_dataset(run)
+    done = subprocess.run(c.child_cmd(f"{HERE}:measure_counters", str(path)),
+                          capture_output=True, text=True, env=c.child_env(), timeout=900)
+    r = c.parse_child(done, "counters")
+    share = 100 * r["counter_s"] / r["batch_s"]
+    return [figure("counters: their cost a batch", r["counter_s"] * 1e6, "us",
+                   {}, {"a bytes-only batch of 256 x 1 KB": r["batch_s"] * 1e6},
+                   f"{share:.3f}% of a bytes-only batch (target < 1%: "
+                   f"{'met' if share < 1 else 'NOT met'})")]
+
+
 # ------------------------------------------------------------------------------ figures
 
 def _ratio_note(x, target, better_low: bool, runs: str) -> str:
@@ -371,7 +461,11 @@ def _parse(run) -> tuple[list[str], list[int]]:
        the note gives its items (batches: the stages pass whole batches) and its waits, on its
        input (in a chain that pulls, the time of the stages before it) and, for the dataset's
        last stage, on the consumer. A stage that counted nothing (pin, without CUDA) has no row.
-       Each measurement in a fresh interpreter, the contenders alternated, medians.""",
+       Each measurement in a fresh interpreter, the contenders alternated, medians. Last, the
+       stage counters' cost: the clock reads and sums of the dataset's chain of stages an item
+       (a batch is one item of each stage; stages that do nothing, less the same steps bare,
+       medians of 5 x 100,000 items) against the time of a bytes-only batch of 256 x 1 KB
+       samples, every read checked (40,000 samples, 5 epochs in one process).""",
        bounds="""Two shared cores bound every figure: with both kept busy (the notes give the
        cores used) images/s follows an image's CPU cost, and 8 workers cannot run more than 2 at
        once, so they add memory and switches, not speed. Icons are small PNGs decoded whole by
@@ -393,6 +487,8 @@ def run_stages(run) -> Outcome:
         described.append(f"{tree}: {what}")
         raw[tree] = measure_tree(run, tree, packed, kinds)
         figures += tree_figures(tree, raw[tree], counts)
+    if run.args.counters:
+        figures += counter_figures(run)
     missing = "" if has_execution() else (" This shardpack's ShardDataset has no execution=: "
                                           "worker processes only.")
     setup = (f"{'; '.join(described)}. Batch {run.args.batch_size} (large: "
