@@ -11,7 +11,6 @@ samples, in the same order, with the same crops (docs/reading.md, "Threads or pr
 from __future__ import annotations
 
 import os
-import queue
 import threading
 from collections import deque
 
@@ -21,8 +20,6 @@ from shardpack.loader.runtime import Runtime, current, running_as
 
 EXECUTIONS = ("processes", "threads")
 RANK_WIDE = -1   # a Position's worker when it counts what a thread execution handed out
-QUEUE_ITEMS = 1  # items each worker thread holds made (and one it makes): fewer batches in
-#                 flight than the DataLoader's prefetch_factor=2 (memory is why threads)
 POLL_S = 0.1     # how often a blocked worker thread looks for the consumer having stopped
 
 
@@ -71,7 +68,7 @@ class ThreadExecution:
 
     def _run(self, dataset, opened, consumed: Counter):
         stop = threading.Event()
-        queues = [queue.Queue(maxsize=QUEUE_ITEMS) for _ in range(self.threads)]
+        queues = [Handoff() for _ in range(self.threads)]
         workers = [threading.Thread(target=_work, name=f"shardpack-worker-{i}", daemon=True,
                                     args=(dataset, opened, Runtime(
                                         i, self.threads, thread=True, dataset=dataset),
@@ -102,14 +99,12 @@ class ThreadExecution:
         finally:
             stop.set()
             for i, worker in enumerate(workers):
-                while worker.is_alive():  # unblock a worker stuck on its full queue
-                    try:
-                        queues[i].get_nowait()
-                    except queue.Empty:
-                        worker.join(POLL_S)
+                while worker.is_alive():  # unblock a worker waiting for its item to be taken
+                    queues[i].drop()
+                    worker.join(POLL_S)
 
 
-def _work(dataset, opened, runtime: Runtime, out: queue.Queue, stop: threading.Event) -> None:
+def _work(dataset, opened, runtime: Runtime, out: "Handoff", stop: threading.Event) -> None:
     """A worker thread: its pipeline's items into ``out``, then ("end", None), or
     ("error", exc) on any failure (the consumer raises it)."""
     with running_as(runtime):
@@ -125,15 +120,45 @@ def _work(dataset, opened, runtime: Runtime, out: queue.Queue, stop: threading.E
             items.close()
 
 
-def _put(out: queue.Queue, entry, stop: threading.Event) -> bool:
-    """Put ``entry`` unless the consumer stopped first (False)."""
-    while not stop.is_set():
-        try:
-            out.put(entry, timeout=POLL_S)
-            return True
-        except queue.Full:
-            continue
-    return False
+def _put(out: "Handoff", entry, stop: threading.Event) -> bool:
+    """Hand ``entry`` over; False if the consumer stopped first."""
+    return out.put(entry, stop)
+
+
+class Handoff:
+    """One item at a time from a worker thread to the consumer: ``put`` returns once the
+    consumer has taken it, so a worker holds at most one item, made or in the making.  The
+    DataLoader keeps two per worker process in flight besides the one being made
+    (``prefetch_factor``); memory is what threads are chosen for, and the DeviceLoader's own
+    prefetch keeps the device fed."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._entry, self._full = None, False
+
+    def put(self, entry, stop: threading.Event) -> bool:
+        """Offer ``entry`` and wait until it is taken (True) or ``stop`` is set (False)."""
+        with self._cond:
+            self._entry, self._full = entry, True
+            self._cond.notify_all()
+            while self._full and not stop.is_set():
+                self._cond.wait(POLL_S)
+            return not self._full
+
+    def get(self):
+        """The next entry, waiting for it."""
+        with self._cond:
+            while not self._full:
+                self._cond.wait()
+            entry, self._entry, self._full = self._entry, None, False
+            self._cond.notify_all()
+            return entry
+
+    def drop(self) -> None:
+        """Throw away an entry not taken (the consumer stopped)."""
+        with self._cond:
+            self._entry, self._full = None, False
+            self._cond.notify_all()
 
 
 def execution_of(execution: str, workers: int | None):
