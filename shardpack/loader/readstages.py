@@ -20,6 +20,7 @@ from shardpack.loader.torchenv import torch
 from shardpack.read.prefetch import NOTHING
 
 FETCH_STEP = 64  # samples the sample-by-sample path reads between telling the prefetcher
+_TALLY = threading.Lock()  # the named counts' lock: a dataset's worker threads share them
 
 
 class OrderStage(Stage):
@@ -94,7 +95,6 @@ class ReadStage(Stage):
         self.reader = dataset.reader
         self._items = iter(())
         self._fetcher = NOTHING
-        self._lock = threading.Lock()
 
     def reset(self, state: dict | None = None) -> None:
         """Begin the pass (the order stage's) and start fetching ahead for it."""
@@ -111,7 +111,7 @@ class ReadStage(Stage):
         self._items = self._batches(skip) if ds.batched else self._samples(skip)
 
     def state(self) -> dict:
-        """The order stage's state (this stage sets its position sample by sample)."""
+        """The order stage's state (the chain's outlet moves it sample by sample)."""
         return self.source.state()
 
     def step(self):
@@ -127,7 +127,7 @@ class ReadStage(Stage):
 
     def tally(self, name: str, count: int = 1) -> None:
         """Add to the dataset's named counts (under a lock: worker threads share them)."""
-        with self._lock:
+        with _TALLY:
             self.dataset.stats[name] += count
 
     def _parts(self):
