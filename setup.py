@@ -1,12 +1,19 @@
-"""Build hook for the optional C extension (everything else is in pyproject.toml).
+"""Build hook for the optional C extensions (everything else is in pyproject.toml).
 
 shardpack.images.libjpegcrop decodes only a training crop's region of a JPEG with the system
-libjpeg-turbo (docs/device.md, "Region decode").  It is optional: without a C compiler or the
-libjpeg headers (Debian: gcc libjpeg62-turbo-dev) the install goes on without it, and JPEGs
-decode the way they do without it (simplejpeg at a DCT scale), after one notice.
+libjpeg-turbo (docs/device.md, "Region decode").  shardpack.format.libxxh3ranges hashes a batch's
+samples with the system libxxhash in one call that releases the GIL (docs/reading.md,
+"Integrity").  Both are optional: without a C compiler or the headers (Debian: gcc
+libjpeg62-turbo-dev libxxhash-dev) the install goes on without them; JPEGs then decode the way
+they do without it (simplejpeg at a DCT scale), after one notice, and samples are hashed one
+xxhash call each (the same digests).
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("shardpack.images.libjpegcrop", ["shardpack/images/libjpegcrop.c"],
-                             libraries=["jpeg"], extra_compile_args=["-O2"], optional=True)])
+setup(ext_modules=[
+    Extension("shardpack.images.libjpegcrop", ["shardpack/images/libjpegcrop.c"],
+              libraries=["jpeg"], extra_compile_args=["-O2"], optional=True),
+    Extension("shardpack.format.libxxh3ranges", ["shardpack/format/libxxh3ranges.c"],
+              libraries=["xxhash"], extra_compile_args=["-O2"], optional=True),
+])

@@ -25,7 +25,9 @@ from .codecs import (
     CODECS, FORMAT_CODES, SHARD_FORMATS, SHARD_SUFFIX, SHARD_SUFFIXES, codec_by_code, codec_for,
     shard_name,
 )
-from .hashing import content_hash, crc32c, crc32c_function, new_content_hasher, sample_hash
+from .hashing import (
+    content_hash, crc32c, crc32c_function, new_content_hasher, sample_hash, sample_hashes,
+)
 from .index import (
     COMPRESSION_CODES, INDEX_HEADER, INDEX_MAGIC, INDEX_TRAILER, INDEX_WIDE, MAX_INDEX_FIELDS,
     MIN_INDEX_BYTES, MISSING, FieldSpans, ShardIndex, decode_index, encode_index,
@@ -69,6 +71,7 @@ __all__ = [
     "ShardCodec", "TarCodec", "codec_by_code", "codec_for", "shard_name",
     # checksums
     "content_hash", "crc32c", "crc32c_function", "new_content_hasher", "sample_hash",
+    "sample_hashes",
     # tar
     "OCTAL_SIZE_LIMIT", "PAX_NAME", "TAR_BLOCK", "TAR_END", "TAR_MODE", "TAR_MTIME", "TarMember",
     "parse_pax", "parse_tar_header", "parse_tar_member", "tar_header", "tar_member_name",

@@ -71,18 +71,17 @@ class SampleChecks:
             return
         starts = index.starts[todo].astype(np.int64) - base
         ends = index.starts[todo + 1].astype(np.int64) - base
-        # hashes computed in one C-driven pass (map), compared as arrays: per-sample Python
-        # work was most of the cost for small samples
-        outside = (starts < 0) | (ends > len(buf))
+        # hashes computed in one call (the GIL released where the extension is built: other
+        # threads run meanwhile), compared as arrays: per-sample Python work was most of the
+        # cost for small samples
+        outside = (starts < 0) | (ends > len(buf)) | (ends < starts)
         if outside.any():
             inside = np.flatnonzero(~outside)
             starts_in, ends_in = starts[inside], ends[inside]
         else:  # (the usual case: no fancy-indexed copies)
             inside, starts_in, ends_in = slice(None), starts, ends
         got = np.zeros(len(todo), dtype=np.uint64)
-        got[inside] = np.fromiter(map(fmt.sample_hash, map(buf.__getitem__, map(
-            slice, starts_in.tolist(), ends_in.tolist()))), dtype=np.uint64,
-            count=len(starts_in))
+        got[inside] = fmt.sample_hashes(buf, starts_in, ends_in)
         bad = outside | (got != index.sample_hashes[todo])
         if bad.any():
             k = int(np.flatnonzero(bad)[0])
