@@ -299,3 +299,29 @@ def test_a_batch_buffer_outside_workers_asks_for_huge_pages():
     # (+1 page: the allocator's header page before the array is not marked)
     assert "hg" in _vm_flags(data.data_ptr() + 4096 + (-data.data_ptr()) % 4096)
     assert data.numel() == 32 << 20 and int(data[-1]) == 1
+
+
+def test_a_worker_takes_a_slot_it_wrote_before_the_lowest_free():
+    """Each process that writes a slot first maps its pages (a fault every 4 KB): a worker takes
+    a free slot it has written before over a lower one it has not."""
+    pool = SlotPool(slots=4, slot_bytes=1 << 16)
+    pool.owner = -1  # this process plays a worker
+    pool._state[0], pool._pid[0] = 1, os.getppid()  # slot 0: another worker's, for now
+    first = pool.lease(5000)
+    assert first.slot == 1
+    first.array[:] = 7
+    del first
+    gc.collect()
+    pool._state[0] = 0  # the other worker's batch came back: slots 0 and 1 are free
+    again = pool.lease(5000)
+    assert again.slot == 1 and int(again.array.sum()) == 7 * 5000
+    ctx = __import__("multiprocessing").get_context("fork")
+
+    def child():  # a process that has written no slot takes the lowest free one
+        lease = pool.lease(100)
+        os._exit(0 if lease is not None and lease.slot == 0 else 3)
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    proc.join()
+    assert proc.exitcode == 0
