@@ -37,10 +37,12 @@ if [ "$WITH_NGINX" = 1 ] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/ng
 fi
 # A C compiler and the libjpeg-turbo headers build the region JPEG decoder (setup.py,
 # docs/device.md "Region decode"); without them shardpack installs without it and decodes whole
-# JPEGs at a DCT scale instead.
-if ! command -v gcc >/dev/null || [ ! -f /usr/include/jpeglib.h ]; then
-  apt_install "JPEGs will decode without the region decoder (slower)" gcc libc6-dev \
-    libjpeg62-turbo-dev
+# JPEGs at a DCT scale instead. The libxxhash headers build the batch hash (docs/reading.md,
+# "Integrity"); without them samples are hashed one xxhash call each, holding the GIL.
+if ! command -v gcc >/dev/null || [ ! -f /usr/include/jpeglib.h ] || \
+    [ ! -f /usr/include/xxhash.h ]; then
+  apt_install "JPEGs will decode without the region decoder (slower), samples hash holding the GIL" \
+    gcc libc6-dev libjpeg62-turbo-dev libxxhash-dev
 fi
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3

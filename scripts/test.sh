@@ -14,4 +14,6 @@ export SHARDPACK_REQUIRE_PEERS=1
 # The region JPEG decoder must be built here (setup.sh installs gcc and the libjpeg headers):
 # without it its tests would skip and CI would not notice (tests/unit/test_jpegcrop.py).
 export SHARDPACK_REQUIRE_JPEGCROP=1
+# The same for the batch hash (setup.sh installs the libxxhash headers): tests/unit/test_hash_ranges.py.
+export SHARDPACK_REQUIRE_HASH_RANGES=1
 exec .venv/bin/python -m pytest "$@"

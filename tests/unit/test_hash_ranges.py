@@ -3,6 +3,7 @@
 and a corrupt byte is caught by every read path on both."""
 
 import mmap
+import os
 
 import numpy as np
 import pytest
@@ -31,6 +32,16 @@ def path(request, monkeypatch):
 
 def test_the_extension_is_used_unless_turned_off(path):
     assert (hashing.ranges_extension() is None) == (path == "fallback")
+
+
+def test_the_extension_is_built_where_required():
+    """CI must notice a missing extension: its tests above would only skip."""
+    if os.environ.get("SHARDPACK_REQUIRE_HASH_RANGES") != "1":
+        pytest.skip("SHARDPACK_REQUIRE_HASH_RANGES is not set (scripts/test.sh sets it)")
+    hashing.ranges_extension.cache_clear()
+    assert hashing.ranges_extension() is not None, (
+        "the batch hash extension is not built: apt-get install gcc libxxhash-dev, then "
+        "bash scripts/setup.sh (docs/reading.md, Integrity)")
 
 
 def _ranges(size: int, seed: int):
