@@ -80,10 +80,8 @@ def test_a_range_outside_the_buffer_is_refused(path, start, end):
         hashing.sample_hashes(bytes(1024), np.array([0, start]), np.array([1, end]))
 
 
-@pytest.mark.parametrize("shard_format", ["tar", "msgpack"])
-@pytest.mark.parametrize("batched", [True, False])
-@pytest.mark.parametrize("check", ["every", "once"])
-def test_a_corrupt_byte_is_caught_on_every_path(path, tmp_path, shard_format, batched, check):
+def _corrupt(tmp_path, shard_format: str) -> tuple:
+    """A packed dataset whose sample '9' has one byte flipped; (folder, that sample's offset)."""
     src = make_tree(tmp_path / "src", {f"{i}.bin": bytes([i]) * 3000 for i in range(16)})
     out = tmp_path / "out"
     shardpack.pack(src, out, shard_format=shard_format, workers=1)
@@ -95,7 +93,26 @@ def test_a_corrupt_byte_is_caught_on_every_path(path, tmp_path, shard_format, ba
     data = bytearray(shard.read_bytes())
     data[(start + int(index.starts[row + 1])) // 2] ^= 0x10  # inside the sample's bytes
     shard.write_bytes(bytes(data))
+    return out, start
+
+
+@pytest.mark.parametrize("shard_format", ["tar", "msgpack"])
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("check", ["every", "once"])
+def test_a_corrupt_byte_is_caught_on_every_path(path, tmp_path, shard_format, batched, check):
+    out, start = _corrupt(tmp_path, shard_format)
     ds = ShardDataset(out, shuffle=False, batch_size=4, batched=batched, check=check)
     with pytest.raises(IntegrityError, match=rf"sample '9', offset {start}: .*index hash"):
         for _ in DataLoader(ds, batch_size=None if batched else 4):
+            pass
+
+
+@pytest.mark.parametrize("shard_format", ["tar", "msgpack"])
+def test_a_corrupt_byte_is_caught_by_worker_threads(path, tmp_path, shard_format):
+    """Worker threads hash at the same time (the extension releases the GIL): still caught."""
+    out, start = _corrupt(tmp_path, shard_format)
+    ds = ShardDataset(out, shuffle=False, batch_size=2, batched=True, execution="threads",
+                      workers=2)
+    with pytest.raises(IntegrityError, match=rf"sample '9', offset {start}: .*index hash"):
+        for _ in ds:
             pass
