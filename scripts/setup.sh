@@ -38,10 +38,10 @@ fi
 # A C compiler and the libjpeg-turbo headers build the region JPEG decoder (setup.py,
 # docs/device.md "Region decode"); without them shardpack installs without it and decodes whole
 # JPEGs at a DCT scale instead. The libxxhash headers build the batch hash (docs/reading.md,
-# "Integrity"); without them samples are hashed one xxhash call each, holding the GIL.
+# "Integrity"); without them samples are hashed one xxhash call each (slower beside busy threads).
 if ! command -v gcc >/dev/null || [ ! -f /usr/include/jpeglib.h ] || \
     [ ! -f /usr/include/xxhash.h ]; then
-  apt_install "JPEGs will decode without the region decoder (slower), samples hash holding the GIL" \
+  apt_install "JPEGs will decode without the region decoder (slower), samples hash one call each" \
     gcc libc6-dev libjpeg62-turbo-dev libxxhash-dev
 fi
 PY=${PYTHON:-python3.11}

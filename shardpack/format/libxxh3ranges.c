@@ -1,12 +1,13 @@
 /* libxxh3ranges: xxh3-64 of many byte ranges of one buffer in one call, with the system libxxhash.
  *
  * Why: a reader checks every sample of a batch against its index hash on every read
- * (docs/reading.md, "Integrity").  Hashed one call a sample from Python, the hash holds the GIL
- * for every byte of the batch, so a thread that reads (the prefetch threads, a DataLoader's
- * pin-memory thread, a threaded consumer) stalls every other Python thread for the whole pass,
- * and each sample costs a slice and a call.  Here a batch's ranges are hashed in one call with the
- * GIL released.  The digests are XXH3_64bits of each range, what xxhash.xxh3_64_intdigest gives
- * (the pure-Python fallback, shardpack/format/hashing.py, computes the same).
+ * (docs/reading.md, "Integrity").  Hashed one xxhash call a sample from Python, a batch costs 256
+ * slices and calls under the GIL, and each call gives the GIL up and must win it back: behind
+ * another busy Python thread (a training loop, the other worker threads of
+ * execution="threads"), that wait comes 256 times a batch.  Here a batch's ranges of one shard are
+ * hashed in one call, the GIL released once.  The digests are XXH3_64bits of each range, what
+ * xxhash.xxh3_64_intdigest gives (the pure-Python fallback, shardpack/format/hashing.py, computes
+ * the same).
  *
  * hash_ranges(buf, starts, ends, out) -> None
  *     buf: any bytes-like object (an mmap's memoryview: read-only is fine).
