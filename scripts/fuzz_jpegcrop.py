@@ -5,8 +5,9 @@
 Builds shardpack/images/libjpegcrop.c with -fsanitize=address,undefined into DIR (a temporary
 folder by default), then decodes N cases from testbed.jpegfuzz (the hostile corpus's JPEGs and
 mutants of every layout, random boxes and scales), each with decode and decode_many, in a child
-process with the sanitizer runtime preloaded.  Any memory error aborts the child (exit 1, the report on stderr); only ValueError and
-NotImplementedError may come out of a decode.  Exit 3: the sanitizer build is not possible here.
+process with the sanitizer runtime preloaded.  Any memory error aborts the child (exit 1, the
+report on stderr); only ValueError and NotImplementedError may come out of a decode.
+Exit 3: the sanitizer build is not possible here.
 """
 
 from __future__ import annotations
