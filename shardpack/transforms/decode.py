@@ -9,6 +9,8 @@ Runs inside DataLoader workers.  For each image:
    the crop at least as large as the target (a crop twice the target size or more is never
    decoded at full resolution), and only the crop's rows and columns where the region decoder is
    built (:mod:`shardpack.images.jpegcrop`; else the whole image, simplejpeg: the same pixels);
+   :class:`CpuDecode` decodes a chunk of samples' crops in one call that holds no GIL
+   (:mod:`shardpack.transforms.batchdecode`), the same pixels as :func:`decode_image` per sample;
 3. flip the crop by slicing, resize it (torch's antialiased bilinear kernel) straight into the
    batch's slot.
 
