@@ -85,7 +85,8 @@ def decode_boxes(datas: list, jobs: np.ndarray, out: np.ndarray) -> np.ndarray |
     statuses, uint8 ``[N]``: 0 where the box was decoded, else not (no end-of-image marker,
     CMYK/YCCK, anything libjpeg warns about or refuses; that box's bytes are undefined and the
     caller decodes the image its own way, as where :func:`decode_box` returns None).  None
-    without the extension.
+    without the extension, or with one built before it had this call (the caller then decodes
+    each image its own way: a stale build is slower, never wrong).
 
     Args:
         datas: the JPEGs (bytes-like, C-contiguous).
@@ -94,7 +95,7 @@ def decode_boxes(datas: list, jobs: np.ndarray, out: np.ndarray) -> np.ndarray |
         out: a writable C-contiguous uint8 buffer holding every box.
     """
     module = extension()
-    if module is None:
+    if module is None or not hasattr(module, "decode_many"):
         return None
     jobs = np.ascontiguousarray(jobs, np.int64)
     return np.frombuffer(module.decode_many(datas, jobs, out, MAX_SCANS), np.uint8)

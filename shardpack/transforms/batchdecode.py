@@ -105,11 +105,13 @@ def _finish(chunk: list, image_of: Callable, spec: TransformSpec, rnd_of: Callab
     for _, plan in planned:
         where.append(offset)
         offset += _nbytes(plan)
-    statuses = ()
+    statuses = []
     if planned:
         jobs = np.array([(plan.scale_num, *plan.box, at)
                          for (_, plan), at in zip(planned, where, strict=True)], np.int64)
-        statuses = decode_boxes([data for data, _ in planned], jobs, scratch).tolist()
+        found = decode_boxes([data for data, _ in planned], jobs, scratch)
+        # None: an extension built before the batch call; each image then decodes alone
+        statuses = [1] * len(planned) if found is None else found.tolist()
     done = iter(zip(planned, where, statuses, strict=True))
     for i, p in chunk:
         if p is not None:
