@@ -4,9 +4,10 @@
 
 Builds shardpack/images/libjpegcrop.c with -fsanitize=address,undefined into DIR (a temporary
 folder by default), then decodes N cases from testbed.jpegfuzz (the hostile corpus's JPEGs and
-mutants of every layout, random boxes and scales) in a child process with the sanitizer runtime
-preloaded.  Any memory error aborts the child (exit 1, the report on stderr); only ValueError and
-NotImplementedError may come out of a decode.  Exit 3: the sanitizer build is not possible here.
+mutants of every layout, random boxes and scales), each with decode and decode_many, in a child
+process with the sanitizer runtime preloaded.  Any memory error aborts the child (exit 1, the
+report on stderr); only ValueError and NotImplementedError may come out of a decode.
+Exit 3: the sanitizer build is not possible here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -51,12 +53,19 @@ def child(work: Path, cases: int, seed: int) -> None:
 
     outcomes, start = collections.Counter(), time.perf_counter()
     for data, scale, y0, y1, x0, x1 in jpegfuzz.cases(cases, seed):
+        # the batch call too, into a buffer of exactly the box (malloc'd: red zones around it)
+        box = bytearray((y1 - y0) * (x1 - x0) * 3)
+        many = module.decode_many([data], struct.pack("6q", scale, y0, y1, x0, x1, 0), box)
         try:
             raw, rows, cols, skew = module.decode(data, scale, y0, y1, x0, x1)
         except (ValueError, NotImplementedError) as exc:
             outcomes[f"{type(exc).__name__}: {str(exc)[:50]}"] += 1
+            assert many[0] != 0
             continue
         assert rows == y1 - y0 and len(raw) == rows * cols * 3 and skew + x1 - x0 <= cols
+        width = (x1 - x0) * 3
+        assert many[0] != 0 or all(box[r * width:(r + 1) * width] == raw[
+            (r * cols + skew) * 3:(r * cols + skew) * 3 + width] for r in range(rows))
         outcomes["decoded"] += 1
     print(f"{cases} cases in {time.perf_counter() - start:.0f} s, no sanitizer report")
     for what, count in outcomes.most_common(12):

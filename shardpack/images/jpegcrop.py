@@ -17,7 +17,8 @@ import warnings
 
 import numpy as np
 
-__all__ = ["ENV", "EOI", "MAX_SCANS", "available", "decode_box", "extension", "notice_once"]
+__all__ = ["ENV", "EOI", "MAX_SCANS", "available", "decode_box", "decode_boxes", "extension",
+           "notice_once"]
 
 ENV = "SHARDPACK_JPEG_REGION"  # "0": never use the extension (benchmarks compare both paths)
 EOI = b"\xff\xd9"
@@ -75,3 +76,26 @@ def decode_box(data, scale_num: int, y0: int, y1: int, x0: int, x1: int) -> np.n
     except (ValueError, NotImplementedError):
         return None
     return np.frombuffer(raw, np.uint8).reshape(rows, cols, 3)[:, skew:skew + x1 - x0]
+
+
+def decode_boxes(datas: list, jobs: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+    """Many boxes at once, as :func:`decode_box` decodes one, with the GIL released once for the
+    whole call (a loader of threads: Python holds it between calls only).  Box ``k`` lands at
+    byte ``jobs[k, 5]`` of ``out`` as uint8 ``[y1 - y0, x1 - x0, 3]``, C-contiguous.  Returns the
+    statuses, uint8 ``[N]``: 0 where the box was decoded, else not (no end-of-image marker,
+    CMYK/YCCK, anything libjpeg warns about or refuses; that box's bytes are undefined and the
+    caller decodes the image its own way, as where :func:`decode_box` returns None).  None
+    without the extension, or with one built before it had this call (the caller then decodes
+    each image its own way: a stale build is slower, never wrong).
+
+    Args:
+        datas: the JPEGs (bytes-like, C-contiguous).
+        jobs: int64 ``[N, 6]``: ``scale_num, y0, y1, x0, x1`` as :func:`decode_box` takes them,
+            and the byte offset of the box in ``out``.
+        out: a writable C-contiguous uint8 buffer holding every box.
+    """
+    module = extension()
+    if module is None or not hasattr(module, "decode_many"):
+        return None
+    jobs = np.ascontiguousarray(jobs, np.int64)
+    return np.frombuffer(module.decode_many(datas, jobs, out, MAX_SCANS), np.uint8)

@@ -18,6 +18,16 @@
  * Errors: ValueError (corrupt data; any libjpeg warning, which is corrupt data it would paper
  * over; more than max_scans scans; a box outside the image), NotImplementedError (CMYK/YCCK,
  * whose RGB the caller converts), MemoryError.  The GIL is released while libjpeg runs.
+ *
+ * decode_many(datas, jobs, out, max_scans=100, max_memory=0) -> bytes, one status per image
+ *
+ * The same for a batch, with the GIL released once for all of it (a loader of threads: one
+ * release and re-acquire per call, not three per image).  datas: N bytes-like JPEGs; jobs: int64
+ * [N, 6] of (scale_num, y0, y1, x0, x1, offset); out: a writable buffer where each box lands at
+ * its byte offset as rows of exactly (x1 - x0) * 3 bytes (no skew).  Status 0: decoded; else the
+ * box was declined (1 corrupt or refused, 2 CMYK/YCCK, 3 box outside the image, 5 no end-of-image
+ * marker) and the caller decodes that image its own way; its bytes in out are then undefined.
+ * A malformed job (bad scale, empty box, past the end of out) is a ValueError before any decode.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -56,7 +66,55 @@ static void on_progress(j_common_ptr cinfo) {  /* as djpeg -maxscans: progressiv
     }
 }
 
-enum { OK = 0, FAILED, COLOUR, BAD_BOX, NO_MEMORY };
+enum { OK = 0, FAILED, COLOUR, BAD_BOX, NO_MEMORY, NO_EOI };
+
+/* The box's geometry once decompression has started: rows of cols pixels, the box at column skew. */
+typedef struct {
+    JDIMENSION rows, cols, skew;
+} geometry;
+
+/* Read the header, check the box and start decompression up to the box's first row: everything
+ * but the rows themselves, shared by decode and decode_many.  Runs without the GIL; a libjpeg error
+ * longjmps to the caller's setjmp.  cinfo was zeroed and its err set by the caller. */
+static int start_box(j_decompress_ptr cinfo, err_mgr *err, struct jpeg_progress_mgr *progress,
+                     const unsigned char *data, unsigned long len, int scale_num,
+                     unsigned long y0, unsigned long y1, unsigned long x0, unsigned long x1,
+                     long max_memory, geometry *box) {
+    jpeg_create_decompress(cinfo);
+    progress->progress_monitor = on_progress;
+    cinfo->progress = progress;
+    if (max_memory > 0)
+        cinfo->mem->max_memory_to_use = max_memory;
+    jpeg_mem_src(cinfo, data, len);
+    jpeg_read_header(cinfo, TRUE);
+    if (cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK)
+        return COLOUR;
+    cinfo->out_color_space = JCS_RGB;
+    cinfo->scale_num = (unsigned int)scale_num;
+    cinfo->scale_denom = 8;
+    cinfo->dct_method = JDCT_IFAST;
+    cinfo->do_fancy_upsampling = FALSE;
+    jpeg_calc_output_dimensions(cinfo);
+    if (y1 > cinfo->output_height || x1 > cinfo->output_width)
+        return BAD_BOX;
+    jpeg_start_decompress(cinfo);
+    /* A column of margin each side: fancy upsampling reads the neighbouring column.  Plain
+     * upsampling (set above) does not, but the box must not depend on that setting. */
+    JDIMENSION xoff = x0 > 0 ? (JDIMENSION)x0 - 1 : 0;
+    JDIMENSION width = (x1 < cinfo->output_width ? (JDIMENSION)x1 + 1 : (JDIMENSION)x1) - xoff;
+    if (xoff > 0 || width < cinfo->output_width)
+        jpeg_crop_scanline(cinfo, &xoff, &width);  /* widens to iMCU columns */
+    box->skew = (JDIMENSION)x0 - xoff;
+    box->cols = cinfo->output_width;  /* the row width after jpeg_crop_scanline */
+    box->rows = (JDIMENSION)(y1 - y0);
+    if (box->skew + (x1 - x0) > box->cols)  /* cannot happen with a sane libjpeg: never overrun */
+        return BAD_BOX;
+    if (y0 > 0 && jpeg_skip_scanlines(cinfo, (JDIMENSION)y0) != (JDIMENSION)y0) {
+        snprintf(err->message, sizeof(err->message), "too few rows");
+        return FAILED;
+    }
+    return OK;
+}
 
 static PyObject *decode(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"data", "scale_num", "y0", "y1", "x0", "x1", "max_scans",
@@ -78,13 +136,14 @@ static PyObject *decode(PyObject *self, PyObject *args, PyObject *kwargs) {
     struct jpeg_decompress_struct cinfo;
     struct jpeg_progress_mgr progress;
     err_mgr err;
+    geometry box;
     memset(&err, 0, sizeof(err));
     memset(&cinfo, 0, sizeof(cinfo));
     memset(&progress, 0, sizeof(progress));
+    memset(&box, 0, sizeof(box));
     err.max_scans = max_scans;
     PyObject *volatile out = NULL;
     volatile int status = OK;
-    volatile JDIMENSION rows = 0, cols = 0, skew = 0;
     PyThreadState *volatile save = PyEval_SaveThread();
 
     cinfo.err = jpeg_std_error(&err.pub);
@@ -94,56 +153,20 @@ static PyObject *decode(PyObject *self, PyObject *args, PyObject *kwargs) {
         status = FAILED;
         goto done;
     }
-    jpeg_create_decompress(&cinfo);
-    progress.progress_monitor = on_progress;
-    cinfo.progress = &progress;
-    if (max_memory > 0)
-        cinfo.mem->max_memory_to_use = max_memory;
-    jpeg_mem_src(&cinfo, (const unsigned char *)buf.buf, (unsigned long)buf.len);
-    jpeg_read_header(&cinfo, TRUE);
-    if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-        status = COLOUR;
+    status = start_box(&cinfo, &err, &progress, (const unsigned char *)buf.buf,
+                       (unsigned long)buf.len, scale_num, y0, y1, x0, x1, max_memory, &box);
+    if (status != OK)
+        goto done;
+    PyEval_RestoreThread(save);
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)box.rows * box.cols * 3);
+    save = PyEval_SaveThread();
+    if (out == NULL) {
+        status = NO_MEMORY;
         goto done;
     }
-    cinfo.out_color_space = JCS_RGB;
-    cinfo.scale_num = (unsigned int)scale_num;
-    cinfo.scale_denom = 8;
-    cinfo.dct_method = JDCT_IFAST;
-    cinfo.do_fancy_upsampling = FALSE;
-    jpeg_calc_output_dimensions(&cinfo);
-    if (y1 > cinfo.output_height || x1 > cinfo.output_width) {
-        status = BAD_BOX;
-        goto done;
-    }
-    jpeg_start_decompress(&cinfo);
     {
-        /* A column of margin each side: fancy upsampling reads the neighbouring column.  Plain
-         * upsampling (set above) does not, but the box must not depend on that setting. */
-        JDIMENSION xoff = x0 > 0 ? (JDIMENSION)x0 - 1 : 0;
-        JDIMENSION width = (x1 < cinfo.output_width ? (JDIMENSION)x1 + 1 : (JDIMENSION)x1) - xoff;
-        if (xoff > 0 || width < cinfo.output_width)
-            jpeg_crop_scanline(&cinfo, &xoff, &width);  /* widens to iMCU columns */
-        skew = (JDIMENSION)x0 - xoff;
-        cols = cinfo.output_width;  /* the row width after jpeg_crop_scanline */
-        rows = (JDIMENSION)(y1 - y0);
-        if (skew + (x1 - x0) > cols) {  /* cannot happen with a sane libjpeg: never overrun */
-            status = BAD_BOX;
-            goto done;
-        }
-        if (y0 > 0 && jpeg_skip_scanlines(&cinfo, (JDIMENSION)y0) != (JDIMENSION)y0) {
-            snprintf(err.message, sizeof(err.message), "too few rows");
-            status = FAILED;
-            goto done;
-        }
-        PyEval_RestoreThread(save);
-        out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)rows * cols * 3);
-        save = PyEval_SaveThread();
-        if (out == NULL) {
-            status = NO_MEMORY;
-            goto done;
-        }
         unsigned char *base = (unsigned char *)PyByteArray_AS_STRING(out);
-        size_t stride = (size_t)cols * 3;
+        size_t stride = (size_t)box.cols * 3;
         while (cinfo.output_scanline < y1) {
             JSAMPROW row = base + (size_t)(cinfo.output_scanline - y0) * stride;
             if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
@@ -170,7 +193,128 @@ done:
             PyErr_NoMemory();
         return NULL;
     }
-    return Py_BuildValue("(NIII)", out, (unsigned)rows, (unsigned)cols, (unsigned)skew);
+    return Py_BuildValue("(NIII)", out, (unsigned)box.rows, (unsigned)box.cols,
+                         (unsigned)box.skew);
+}
+
+/* One box of decode_many, without the GIL: its rows, exactly (x1 - x0) * 3 bytes each, at dest.
+ * Each row is read into libjpeg's own row buffer (freed with cinfo) and its box copied out. */
+static int decode_into(const unsigned char *data, unsigned long len, const long long *job,
+                       int max_scans, long max_memory, unsigned char *dest) {
+    struct jpeg_decompress_struct cinfo;
+    struct jpeg_progress_mgr progress;
+    err_mgr err;
+    geometry box;
+    unsigned long y0 = (unsigned long)job[1], y1 = (unsigned long)job[2];
+    unsigned long x0 = (unsigned long)job[3], x1 = (unsigned long)job[4];
+    if (len < 4 || data[len - 2] != 0xFF || data[len - 1] != 0xD9)
+        return NO_EOI;  /* truncated: damage below the box would go unseen; the caller judges */
+    memset(&err, 0, sizeof(err));
+    memset(&cinfo, 0, sizeof(cinfo));
+    memset(&progress, 0, sizeof(progress));
+    memset(&box, 0, sizeof(box));
+    err.max_scans = max_scans;
+    volatile int status = OK;
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    if (setjmp(err.jump)) {
+        status = FAILED;
+        goto done;
+    }
+    status = start_box(&cinfo, &err, &progress, data, len, (int)job[0], y0, y1, x0, x1,
+                       max_memory, &box);
+    if (status != OK)
+        goto done;
+    {
+        JSAMPARRAY row = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE,
+                                                    box.cols * 3, 1);
+        size_t width = (size_t)(x1 - x0) * 3;
+        while (cinfo.output_scanline < y1) {
+            unsigned char *to = dest + (size_t)(cinfo.output_scanline - y0) * width;
+            if (jpeg_read_scanlines(&cinfo, row, 1) != 1) {
+                status = FAILED;
+                goto done;
+            }
+            memcpy(to, row[0] + (size_t)box.skew * 3, width);
+        }
+    }
+done:
+    jpeg_destroy_decompress(&cinfo);
+    return status;
+}
+
+/* Check decode_many's jobs against its data and out buffer (with the GIL): a bad job is the
+ * caller's bug, a ValueError before anything is decoded. */
+static int check_jobs(const long long *jobs, Py_ssize_t count, Py_ssize_t out_len) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const long long *job = jobs + 6 * i;
+        long long s = job[0], y0 = job[1], y1 = job[2], x0 = job[3], x1 = job[4], at = job[5];
+        /* JPEG sides are below 65536: no product below can overflow */
+        if ((s != 1 && s != 2 && s != 4 && s != 8) || y0 < 0 || x0 < 0 || y1 <= y0 ||
+            x1 <= x0 || y1 > 65535 || x1 > 65535 || at < 0 ||
+            at > (long long)out_len - (y1 - y0) * (x1 - x0) * 3) {
+            PyErr_Format(PyExc_ValueError, "job %zd: scale not 1, 2, 4 or 8, an empty box, or "
+                         "a box past the out buffer", i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *decode_many(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"datas", "jobs", "out", "max_scans", "max_memory", NULL};
+    PyObject *datas, *seq = NULL, *result = NULL;
+    Py_buffer jobs, out, *bufs = NULL;
+    int max_scans = 100;
+    long max_memory = 0;
+    Py_ssize_t count = 0, held = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oy*w*|il", kwlist, &datas, &jobs, &out,
+                                     &max_scans, &max_memory))
+        return NULL;
+    seq = PySequence_Fast(datas, "datas must be a sequence of bytes-like objects");
+    if (seq == NULL)
+        goto finally;
+    count = PySequence_Fast_GET_SIZE(seq);
+    if (jobs.len != count * 6 * (Py_ssize_t)sizeof(long long)) {
+        PyErr_SetString(PyExc_ValueError, "jobs must be int64 [len(datas), 6]: scale_num, y0, "
+                        "y1, x0, x1, offset");
+        goto finally;
+    }
+    if (check_jobs((const long long *)jobs.buf, count, out.len) < 0)
+        goto finally;
+    result = PyBytes_FromStringAndSize(NULL, count);
+    bufs = PyMem_Calloc(count ? count : 1, sizeof(Py_buffer));
+    if (result == NULL || bufs == NULL) {
+        Py_CLEAR(result);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto finally;
+    }
+    for (; held < count; held++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &bufs[held],
+                               PyBUF_SIMPLE) < 0) {
+            Py_CLEAR(result);
+            goto finally;
+        }
+    {
+        char *status = PyBytes_AS_STRING(result);
+        const long long *job = (const long long *)jobs.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < count; i++, job += 6)
+            status[i] = (char)decode_into((const unsigned char *)bufs[i].buf,
+                                          (unsigned long)bufs[i].len, job, max_scans,
+                                          max_memory, (unsigned char *)out.buf + job[5]);
+        Py_END_ALLOW_THREADS
+    }
+finally:
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&bufs[i]);
+    PyMem_Free(bufs);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&jobs);
+    PyBuffer_Release(&out);
+    return result;
 }
 
 static PyObject *version(PyObject *self, PyObject *unused) {
@@ -185,6 +329,9 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))decode, METH_VARARGS | METH_KEYWORDS,
      "decode(data, scale_num, y0, y1, x0, x1, max_scans=100, max_memory=0) -> "
      "(rgb bytearray, rows, cols, skew): one box of a JPEG decoded at scale_num/8"},
+    {"decode_many", (PyCFunction)(void (*)(void))decode_many, METH_VARARGS | METH_KEYWORDS,
+     "decode_many(datas, jobs, out, max_scans=100, max_memory=0) -> bytes of statuses: "
+     "many boxes decoded into one buffer, the GIL released once"},
     {"version", version, METH_NOARGS, "the libjpeg(-turbo) version compiled against"},
     {NULL, NULL, 0, NULL}};
 

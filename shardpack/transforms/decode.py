@@ -9,6 +9,8 @@ Runs inside DataLoader workers.  For each image:
    the crop at least as large as the target (a crop twice the target size or more is never
    decoded at full resolution), and only the crop's rows and columns where the region decoder is
    built (:mod:`shardpack.images.jpegcrop`; else the whole image, simplejpeg: the same pixels);
+   :class:`CpuDecode` decodes a chunk of samples' crops in one call that holds no GIL
+   (:mod:`shardpack.transforms.batchdecode`), the same pixels as :func:`decode_image` per sample;
 3. flip the crop by slicing, resize it (torch's antialiased bilinear kernel) straight into the
    batch's slot.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import io
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,9 +36,9 @@ from shardpack.transforms.spec import (
     Crop, SampleRandom, TransformSpec, crop_box, plan_crop, should_flip, spec_of,
 )
 
-__all__ = ["HEAD_START_WAIT", "JPEG_MAGIC", "CpuDecode", "CropOptions", "SampleRandom",
-           "TransformSpec", "crop_box", "decode_image", "image_batch", "image_items",
-           "reference_decode", "should_flip"]
+__all__ = ["HEAD_START_WAIT", "JPEG_MAGIC", "CpuDecode", "CropOptions", "JpegPlan", "SampleRandom",
+           "TransformSpec", "crop_box", "decode_image", "image_batch", "image_items", "jpeg_plan",
+           "reference_decode", "resize_crop", "should_flip"]
 
 JPEG_MAGIC = b"\xff\xd8"
 CropOptions = TransformSpec  # the crop options' older name: the spec holds them now
@@ -71,44 +74,78 @@ def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
         if plan is None or pixels.shape[:2] != size:
             plan = plan_crop(pixels.shape[0], pixels.shape[1], opts, rnd)
         crop = pixels[plan.top:plan.top + plan.height, plan.left:plan.left + plan.width]
-    return _resize(crop, opts.size, out, flip=plan.flip)
+    return resize_crop(crop, opts.size, out, flip=plan.flip)
 
 
-def _jpeg_crop(data, opts: TransformSpec, rnd: SampleRandom | None, max_pixels: int | None
-               ) -> tuple[Crop | None, tuple | None, np.ndarray | None]:
-    """A JPEG's crop plan and size from its header, and its crop decoded at the smallest DCT
-    scale that keeps the crop at least ``size``: only the crop's region where the extension is
-    built (:func:`shardpack.images.jpegcrop.decode_box`), else the whole image with simplejpeg
-    (the same pixels).  (None, None, None) for a header simplejpeg cannot read; the crop None
-    where it does not decode (CMYK, YCCK, refused)."""
+class JpegPlan(NamedTuple):
+    """A JPEG's crop, planned from its header (:func:`jpeg_plan`)."""
+
+    crop: Crop                      # the crop box in original pixels, and the flip
+    size: tuple[int, int]           # the image's (height, width)
+    scaled: tuple[int, int]         # its (height, width) decoded at the DCT scale
+    scale_num: int                  # the DCT scale over 8: 8, 4, 2 or 1
+    box: tuple[int, int, int, int]  # the crop (y0, y1, x0, x1) in the scaled image's pixels
+    cmyk: bool                      # CMYK/YCCK: libjpeg-turbo's RGB is wrong, Pillow converts
+
+
+def jpeg_plan(data, opts: TransformSpec, rnd: SampleRandom | None,
+              max_pixels: int | None) -> JpegPlan | None:
+    """A JPEG's crop plan from its header (simplejpeg): the crop, and the smallest DCT scale that
+    keeps it at least ``opts.size``, with its box at that scale.  None for a header simplejpeg
+    cannot read; an image over the decode budget raises :class:`DecodeError`.  Shared by the
+    per-sample and the batch decode, so both decode the same box.
+
+    Args:
+        data: the JPEG (bytes-like).
+        opts: the transform spec (its crop part).
+        rnd: the sample's draws; None: no randomness.
+        max_pixels: the decode budget (None: the environment's or the default).
+    """
     import simplejpeg
 
     from shardpack.images.content import check_size
-    from shardpack.images.jpegcrop import decode_box
 
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError:
-        return None, None, None  # decode_rgb says what is wrong
+        return None  # decode_rgb says what is wrong
     check_size(width, height, max_pixels)
     plan = plan_crop(height, width, opts, rnd)
-    if colorspace in ("CMYK", "YCCK"):  # libjpeg-turbo's RGB output is wrong for these
-        return plan, (height, width), None
     factor = 1
     while factor < 8 and min(plan.height, plan.width) >= 2 * factor * opts.size:
         factor *= 2
     scaled = (-(-height // factor), -(-width // factor))  # libjpeg's size at scale 1/factor
-    y0, y1, x0, x1 = _scaled_box(plan, (height, width), scaled)
-    crop = decode_box(data, 8 // factor, y0, y1, x0, x1)
+    return JpegPlan(plan, (height, width), scaled, 8 // factor,
+                    _scaled_box(plan, (height, width), scaled), colorspace in ("CMYK", "YCCK"))
+
+
+def _jpeg_crop(data, opts: TransformSpec, rnd: SampleRandom | None, max_pixels: int | None
+               ) -> tuple[Crop | None, tuple | None, np.ndarray | None]:
+    """A JPEG's crop plan and size from its header (:func:`jpeg_plan`), and its crop decoded at
+    the plan's DCT scale: only the crop's region where the extension is built
+    (:func:`shardpack.images.jpegcrop.decode_box`), else the whole image with simplejpeg (the
+    same pixels).  (None, None, None) for a header simplejpeg cannot read; the crop None where it
+    does not decode (CMYK, YCCK, refused)."""
+    import simplejpeg
+
+    from shardpack.images.jpegcrop import decode_box
+
+    jpeg = jpeg_plan(data, opts, rnd, max_pixels)
+    if jpeg is None:
+        return None, None, None
+    plan, size = jpeg.crop, jpeg.size
+    if jpeg.cmyk:  # libjpeg-turbo's RGB output is wrong for these
+        return plan, size, None
+    crop = decode_box(data, jpeg.scale_num, *jpeg.box)
     if crop is not None:
-        return plan, (height, width), crop
+        return plan, size, crop
     try:
         pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
-                                        min_height=scaled[0], min_width=scaled[1])
+                                        min_height=jpeg.scaled[0], min_width=jpeg.scaled[1])
     except ValueError:
-        return plan, (height, width), None  # e.g. a recoverable libjpeg warning: Pillow may
-    y0, y1, x0, x1 = _scaled_box(plan, (height, width), pixels.shape[:2])  # still decode it
-    return plan, (height, width), pixels[y0:y1, x0:x1]
+        return plan, size, None  # e.g. a recoverable libjpeg warning: Pillow may still decode it
+    y0, y1, x0, x1 = _scaled_box(plan, size, pixels.shape[:2])
+    return plan, size, pixels[y0:y1, x0:x1]
 
 
 def _scaled_box(plan: Crop, size: tuple, scaled: tuple) -> tuple[int, int, int, int]:
@@ -121,15 +158,22 @@ def _scaled_box(plan: Crop, size: tuple, scaled: tuple) -> tuple[int, int, int, 
     return y0, y1, x0, x1
 
 
-def _resize(pixels: np.ndarray, size: int, out: np.ndarray | None = None,
-            flip: bool = False) -> np.ndarray:
+def resize_crop(pixels: np.ndarray, size: int, out: np.ndarray | None = None,
+                flip: bool = False) -> np.ndarray:
     """Antialiased bilinear resize of uint8 HWC into ``out`` (uint8 ``[size, size, 3]``, C
     contiguous; None: a new array), with torch's uint8 kernel: several times faster than Pillow's
     resize here (docs/device.md).  The kernel works in channels-last memory; given an HWC
     destination it writes there directly, where ``interpolate`` would return channels-first
     memory that then costs as much again to copy into the batch.  ``flip``: mirrored left-right,
     before the resize (the kernel is symmetric: the same pixels as flipping after it), by torch,
-    whose copy of a crop is several times faster than NumPy's reversed-stride one."""
+    whose copy of a crop is several times faster than NumPy's reversed-stride one.
+
+    Args:
+        pixels: uint8 ``[H, W, 3]``, any strides.
+        size: the output's side.
+        out: where to write (see above).
+        flip: mirror left-right.
+    """
     from shardpack.loader.torchenv import torch
 
     if not pixels.flags.writeable or min(pixels.strides) < 0:
@@ -381,6 +425,7 @@ class CpuDecode(EpochStage):
     def __call__(self, batch: dict) -> dict:
         from shardpack.loader.batches import Batch
         from shardpack.loader.torchenv import torch
+        from shardpack.transforms.batchdecode import decode_samples  # (it imports this module)
 
         image_of = image_items(batch, self.field)
         count = len(batch["__index__"])
@@ -393,17 +438,17 @@ class CpuDecode(EpochStage):
 
         failed: list[tuple[int, str]] = []  # (sample, message): the first bad one is raised
 
-        def run(part: range) -> None:
-            for i in part:
-                rnd = self.spec.random(self.epoch, ids[i])
-                try:
-                    decode_image(image_of(i), self.spec, rnd, self.max_pixels, out=images[i])
-                except DecodeError as exc:
-                    if self.on_error != "skip":
-                        failed.append((i, exc.message))
-                        return  # this part's later samples can only be later in the batch
-                    images[i] = 0
-                    bad[i] = True
+        def on_bad(i: int, exc: DecodeError) -> bool:
+            if self.on_error != "skip":
+                failed.append((i, exc.message))
+                return False  # this part's later samples can only be later in the batch
+            images[i] = 0
+            bad[i] = True
+            return True
+
+        def run(part: range) -> None:  # JPEG crops a chunk at a time, the GIL released once
+            decode_samples(image_of, part, self.spec, lambda i: self.spec.random(
+                self.epoch, ids[i]), self.max_pixels, images, on_bad)
 
         threads, head_start = self._threads()
         try:

@@ -135,10 +135,11 @@ def test_without_the_extension_the_loader_decodes_after_one_notice(monkeypatch):
 
 
 def test_the_flip_before_the_resize_gives_the_flip_after_it():
-    from shardpack.transforms.decode import _resize
+    from shardpack.transforms.decode import resize_crop
 
     rng = np.random.default_rng(5)
     for height, width in [(40, 44), (375, 500), (333, 301), (17, 3), (1, 9)]:
         crop = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
         for size in (224, 24):
-            assert np.array_equal(_resize(crop, size, flip=True), _resize(crop, size)[:, ::-1])
+            assert np.array_equal(resize_crop(crop, size, flip=True),
+                                  resize_crop(crop, size)[:, ::-1])
