@@ -90,7 +90,8 @@ def stage_stats(*sources) -> dict:
         if callable(getattr(source, "stats", None)):
             return {str(name): {str(k): v for k, v in counters.items()
                                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
-                    for name, counters in source.stats().items() if isinstance(counters, dict)}
+                    for name, counters in source.stats().items()
+                    if isinstance(counters, dict) and "items" in counters}
     return {}
 
 

@@ -17,12 +17,12 @@ Same API on CPU (``device="cpu"``), so training code runs unchanged on a laptop.
   the sample, or with ``on_error="skip"`` is zeros flagged in ``batch["__bad__"]``.
 
 Two measures of waiting, updated at every batch: ``wait_fraction``, the share of the loop's wall
-time the consumer's host thread waited for a batch; and on CUDA ``gpu_idle_fraction``, the share of
-the consumer stream's time it had nothing to do between steps (CUDA events on that stream), with
-epoch starts counted apart (``stats["gpu_start_idle_s"]``).  ``stats()`` (the counts are a dict
-that can be called) is the per-stage table: the dataset's stages (order, read, decode, transform,
-summed over its workers, threads or processes) and this loader's own, pin and device
-(docs/reading.md, "The pipeline").
+time the consumer's host thread waited for a batch; and ``idle()``, how long the step's device sat
+without a batch between steps (on CUDA from CUDA events on the consumer's stream,
+``gpu_idle_fraction``; on the CPU from the host's clock, labelled so), epoch starts counted apart.
+``stats()`` (the counts are a dict that can be called) is the per-stage table: the dataset's
+stages (order, read, decode, transform, summed over its workers, threads or processes), this
+loader's own, pin and device, and ``idle`` (docs/reading.md, "The pipeline").
 """
 
 from __future__ import annotations
@@ -39,13 +39,14 @@ from shardpack.loader.pipeline import Stats
 from shardpack.loader.stages import EpochSettable
 from shardpack.loader.torchenv import torch
 from shardpack.transforms.decode import image_batch
-from shardpack.transforms.gpuclock import GpuClock
+from shardpack.transforms.gpuclock import GpuClock, HostClock
 from shardpack.transforms.gpudecode import GpuDecoder, batch_epoch, resolve_device
 from shardpack.transforms.spec import TransformSpec, spec_of
 
 DECODE_PLACES = (None, "cpu", "gpu")
 STATS = ("batches", "samples", "wait_s", "device_wait_s", "wall_s", "cpu_fallbacks", "gpu_failed",
-         "bad", "gpu_idle_s", "gpu_busy_s", "gpu_start_idle_s", "epoch_starts")
+         "bad", "gpu_idle_s", "gpu_busy_s", "gpu_start_idle_s", "host_idle_s", "host_busy_s",
+         "host_start_idle_s", "epoch_starts")
 
 
 class DeviceLoader:
@@ -110,7 +111,7 @@ class DeviceLoader:
         # (copy, GPU decode, normalisation); stats() adds them to the dataset's stages
         self._stages = {"pin": Counts(), "device": Counts()}
         self.stats = Stats(self._stage_table, {})
-        self._clock: GpuClock | None = None  # the running iteration's CUDA-event timer
+        self._clock: GpuClock | None = None  # the running iteration's idle timer
         self._last = 0.0                     # ... and when its wall time was last counted
         self.reset_stats()
         self._consumed = 0  # samples handed to the consumer this epoch (for state_dict)
@@ -142,7 +143,26 @@ class DeviceLoader:
         table = getattr(dataset, "stats", None)
         out = dict(table()) if callable(table) else {}
         out.update({name: counts.as_dict() for name, counts in self._stages.items()})
+        out["idle"] = self.idle()
         return out
+
+    def idle(self) -> dict:
+        """How long the step's device sat without a batch between steps, so far (since the last
+        :meth:`reset_stats`): ``timing`` (``"cuda-events"``: CUDA events on the consumer's
+        stream; ``"host"``: the host's clock, where batches stay on the CPU), ``idle_s`` and
+        ``busy_s`` between steps, ``idle_fraction`` (None before a second batch), the epoch
+        starts apart (``start_idle_s`` over ``epoch_starts``) and the host thread's own wait
+        (``host_wait_s``).  On CUDA it waits for the events recorded so far: call it between
+        steps (an epoch end, a log line), not in the hot loop."""
+        if self._clock is not None:
+            self._clock.settle(wait=True)
+        clock = GpuClock if self.device.type == "cuda" else HostClock
+        idle = self.stats[f"{clock.prefix}_idle_s"]
+        busy = self.stats[f"{clock.prefix}_busy_s"]
+        return {"timing": clock.timing, "idle_s": idle, "busy_s": busy,
+                "idle_fraction": idle / (idle + busy) if idle + busy > 0 else None,
+                "start_idle_s": self.stats[f"{clock.prefix}_start_idle_s"],
+                "epoch_starts": self.stats["epoch_starts"], "host_wait_s": self.stats["wait_s"]}
 
     @property
     def wait_fraction(self) -> float:
@@ -208,7 +228,7 @@ class DeviceLoader:
 
         thread = threading.Thread(target=self._produce, args=(stream, ready, stop),
                                   name="shardpack-prefetch", daemon=True)
-        clock = self._clock = GpuClock(self.stats) if cuda else None
+        clock = self._clock = GpuClock(self.stats) if cuda else HostClock(self.stats)
         self._last = time.perf_counter()
         thread.start()
         first = True
@@ -216,11 +236,11 @@ class DeviceLoader:
             while True:
                 t0 = time.perf_counter()
                 current = torch.cuda.current_stream(self.device) if cuda else None
-                if clock is not None:
-                    clock.asked(current)
+                clock.asked(current)
                 batch, event, error = ready.get()
-                if event is not None:
+                if error is None:
                     clock.handed(current, event, first)
+                if event is not None:
                     _record_stream(batch, current)
                 first = False
                 now = time.perf_counter()
@@ -243,8 +263,7 @@ class DeviceLoader:
                     ready.get_nowait()
                 except queue.Empty:
                     thread.join(0.05)
-            if clock is not None:
-                clock.settle(wait=True)
+            clock.settle(wait=True)
             self.stats["wall_s"] += time.perf_counter() - self._last
             self._clock = None
 

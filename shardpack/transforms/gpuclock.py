@@ -1,7 +1,10 @@
-"""The GPU's idle time between training steps, from CUDA events on the consumer's stream
-(``DeviceLoader.gpu_idle_fraction``)."""
+"""The consumer's idle time between training steps (``DeviceLoader.idle()``): from CUDA events on
+the consumer's stream where batches go to a CUDA device (:class:`GpuClock`), else from the host's
+clock (:class:`HostClock`), so that the same figure exists, labelled, on a CPU-only machine."""
 
 from __future__ import annotations
+
+import time
 
 from shardpack.loader.torchenv import torch
 
@@ -21,6 +24,9 @@ class GpuClock:
 
     ``events`` makes the timing events (tests pass stand-ins)."""
 
+    timing = "cuda-events"  # how the figures were taken, as ``DeviceLoader.idle()`` labels them
+    prefix = "gpu"          # the stats keys: gpu_idle_s, gpu_busy_s, gpu_start_idle_s
+
     def __init__(self, stats: dict, events=None):
         self.stats, self.pending = stats, []
         self._event = events or (lambda: torch.cuda.Event(enable_timing=True))
@@ -31,19 +37,22 @@ class GpuClock:
         self._asked = self._event()
         self._asked.record(stream)
         if self._after is not None:  # the previous batch's step, up to this ask
-            self.pending.append(("gpu_busy_s", self._after, self._asked))
+            self.pending.append((f"{self.prefix}_busy_s", self._after, self._asked))
             self._after = None
 
     def handed(self, stream, event, first: bool) -> None:
-        """The batch (ready at ``event``) is handed over: ``stream`` waits for it; ``first``:
-        an iteration's first batch."""
+        """The batch (ready at ``event``; None: nothing to wait on) is handed over: ``stream``
+        waits for it; ``first``: an iteration's first batch."""
         before, after = self._event(), self._event()
         before.record(stream)
-        stream.wait_event(event)
+        if event is not None:
+            stream.wait_event(event)
         after.record(stream)
-        self.pending.append(("device_wait_s", before, after))
+        if event is not None:
+            self.pending.append(("device_wait_s", before, after))
         if self._asked is not None:
-            self.pending.append(("gpu_start_idle_s" if first else "gpu_idle_s", self._asked, after))
+            name = "start_idle_s" if first else "idle_s"
+            self.pending.append((f"{self.prefix}_{name}", self._asked, after))
             if first:
                 self.stats["epoch_starts"] += 1
         self._after, self._asked = after, None
@@ -60,3 +69,38 @@ class GpuClock:
             name, start, end = self.pending.pop(0)
             end.synchronize()
             self.stats[name] += start.elapsed_time(end) / 1000
+
+
+class HostEvent:
+    """A CUDA event's interface over the host's clock: complete when recorded."""
+
+    __slots__ = ("t",)
+
+    def __init__(self):
+        self.t = 0.0
+
+    def record(self, stream=None) -> None:
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "HostEvent") -> float:
+        """Milliseconds from this event to ``end``, as CUDA events give them."""
+        return (end.t - self.t) * 1000
+
+
+class HostClock(GpuClock):
+    """The same intervals timed on the host: where batches stay on the CPU there is no stream, and
+    the consumer's step runs on the host, so the time from asking for a batch to having it is
+    the time the step's device (the CPU here) had nothing to do.  Keys ``host_idle_s``,
+    ``host_busy_s``, ``host_start_idle_s``."""
+
+    timing = "host"
+    prefix = "host"
+
+    def __init__(self, stats: dict):
+        super().__init__(stats, events=HostEvent)

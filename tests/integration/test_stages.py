@@ -2,6 +2,7 @@
 (same samples, order and crops), the per-stage counters, and the torchdata node."""
 
 import threading
+import time
 
 import numpy as np
 
@@ -219,9 +220,43 @@ def test_device_loader_stats_add_its_own_stages(images):
                                     decode_on="cpu", spec=ds.decode.spec)
     batches = sum(1 for _ in loader)
     table = loader.stats()
-    assert list(table) == list(DATASET_STAGES) + ["pin", "device"]
+    assert list(table) == list(DATASET_STAGES) + ["pin", "device", "idle"]
     assert table["device"]["items"] == table["decode"]["items"] == batches
     assert loader.stats["batches"] == batches  # the named counts are as before
+    assert table["idle"]["timing"] == "host" and table["idle"]["epoch_starts"] == 1
+
+
+class _SlowBatches:
+    """Batches that take ``delay`` seconds each to make: the loader, not the step, is slow."""
+
+    def __init__(self, n: int, delay: float):
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            time.sleep(self.delay)
+            yield {"__index__": torch.tensor([i])}
+
+
+@pytest.mark.parametrize("make_ms,step_ms,low,high", [(40, 10, 0.55, 0.9), (0, 20, 0.0, 0.15)])
+def test_the_device_idle_share_is_timed_on_the_host_without_cuda(make_ms, step_ms, low, high):
+    # batches take make_ms to make and the step step_ms: the device idles about
+    # (make - step) / make of the time between steps; the first batch is an epoch start, apart
+    loader = shardpack.DeviceLoader(_SlowBatches(12, make_ms / 1000), prefetch_batches=1)
+    for _ in loader:
+        time.sleep(step_ms / 1000)
+    idle = loader.idle()
+    assert idle["timing"] == "host" and idle["epoch_starts"] == 1
+    assert low <= idle["idle_fraction"] <= high, idle
+    assert idle["busy_s"] >= 11 * step_ms / 1000 * 0.9  # every step after the first counted
+    assert idle["start_idle_s"] >= make_ms / 1000 * 0.9
+    assert loader.stats()["idle"]["idle_fraction"] == idle["idle_fraction"]
+    assert loader.gpu_idle_fraction is None  # the CUDA-event figure is CUDA's alone
+    loader.reset_stats()
+    assert loader.idle()["idle_fraction"] is None and loader.idle()["epoch_starts"] == 0
 
 
 def test_shard_node_resumes_through_torchdata_loader(images):
