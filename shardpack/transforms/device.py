@@ -78,6 +78,8 @@ class DeviceLoader:
             uint8 CHW tensors, e.g. :func:`shardpack.transforms.gpudecode.standin_backend`);
             with it ``decode_on="gpu"`` runs its whole plan on any device, CUDA or not (tests,
             gpu_check's CPU smoke run).
+        pin_memory: pin pageable host batches before a CUDA copy (default), so the copy runs
+            beside compute; False copies from pageable memory (what ``bench --sweep`` compares).
     """
 
     @renamed(decode="decode_on", prefetch="prefetch_batches")
@@ -86,7 +88,7 @@ class DeviceLoader:
                  train: bool | None = None, field: str | None = None, seed: int | None = None,
                  flip: bool | None = None, normalize: bool | None = None, dtype=None,
                  spec: TransformSpec | None = None, on_error: str | None = None,
-                 decode_backend=None):
+                 decode_backend=None, pin_memory: bool = True):
         placed = _placed_decode(loader)
         if placed is not None and decode_on is None:  # the spec and place given once
             decode_on, field = placed.place, field if field is not None else placed.field
@@ -110,6 +112,7 @@ class DeviceLoader:
         # the producer's stages: pin (pageable -> pinned host memory, CUDA only) and device
         # (copy, GPU decode, normalisation); stats() adds them to the dataset's stages
         self._stages = {"pin": Counts(), "device": Counts()}
+        self._pins = self._stages["pin"] if pin_memory else None  # None: pageable copies
         self.stats = Stats(self._stage_table, {})
         self._clock: GpuClock | None = None  # the running iteration's idle timer
         self._last = 0.0                     # ... and when its wall time was last counted
@@ -299,7 +302,7 @@ class DeviceLoader:
 
     def _to_device(self, batch, stream):
         if not isinstance(batch, dict):
-            return _move(batch, self.device, self._stages["pin"])
+            return _move(batch, self.device, self._pins)
         if self.decode_on == "gpu":
             batch = dict(batch)
             items = image_batch(batch, self.field)
@@ -315,7 +318,7 @@ class DeviceLoader:
         elif self.decode_on == "cpu" and "image" not in batch:
             raise ValueError("decode_on='cpu' expects decoded images from the workers: pass "
                              "decode=shardpack.CpuDecode() to ShardDataset(..., batched=True)")
-        out = {k: _move(v, self.device, self._stages["pin"]) for k, v in batch.items()
+        out = {k: _move(v, self.device, self._pins) for k, v in batch.items()
                if k != "image"}
         if "image" in batch:
             out["image"] = self._finish(batch["image"])
@@ -326,7 +329,8 @@ class DeviceLoader:
         channels-last memory), normalised with its mean and std."""
         if image.device != self.device:
             if self.device.type == "cuda":
-                image = _pinned(image, self._stages["pin"]) if not image.is_pinned() else image
+                image = _pinned(image, self._pins) if self._pins is not None \
+                    and not image.is_pinned() else image
             image = image.to(self.device, non_blocking=True)
         nchw = self.spec.layout == "NCHW"
         if (image.device.type == "cpu" and self._mean is not None and image.dim() == 4
@@ -432,13 +436,15 @@ def _pinned(value: "torch.Tensor", counts: Counts | None) -> "torch.Tensor":
 
 def _move(value, device, pins: Counts | None = None):
     """Tensors (also inside BytesBatch, dicts, lists and tuples) to ``device``: from pinned memory
-    without blocking; pageable tensors are pinned first on CUDA (counted in ``pins``)."""
+    without blocking; pageable tensors are pinned first on CUDA (counted in ``pins``; None: not
+    pinned, copied from pageable memory)."""
     if isinstance(value, BytesBatch):
         return BytesBatch(_move(value.data, device, pins), _move(value.offsets, device, pins))
     if isinstance(value, torch.Tensor):
         if value.device == device:
             return value
-        if device.type == "cuda" and value.device.type == "cpu" and not value.is_pinned():
+        if pins is not None and device.type == "cuda" and value.device.type == "cpu" \
+                and not value.is_pinned():
             value = _pinned(value, pins)
         return value.to(device, non_blocking=True)
     if isinstance(value, dict):
