@@ -1,7 +1,7 @@
 """Does GPU decode make the GPU wait less, and by how much?  One call, under 6 minutes.
 
-On a CUDA machine; the same rows on any machine with ``--cpu-smoke`` (stand-in CUDA events and
-decoder).
+On a CUDA machine; the same rows on any machine with ``--cpu-smoke`` (host-clock timing and a
+stand-in decoder).
 
     python3 scripts/gpu_check.py [--budget-s 300] [--out FILE.md] [--json FILE.json]
                                [--workers 2,4,12] [--sections a,b] [--inject-failure SECTION]
@@ -22,11 +22,13 @@ sections still run, and the exit code is 1 when any failed):
   transfer  pinned vs pageable host-to-device copy
   tests     the GPU tests (pytest; --collect-only on the smoke run)
 
-Every fed run reports the GPU idle share, from CUDA events recorded between steps on the training
-stream (steady windows that never cross an epoch boundary, after warm-up steps; the epoch start
-apart), images/s and per loader core, the host's wait for data (a separate figure), CPU fallbacks,
-GPU-failed and bad images, peak device memory (torch's allocator, and the device's used memory
-from cudaMemGetInfo, which sees nvJPEG's own allocations).  docs/device.md, "GPU checks".
+Every fed run (and the ceiling) goes through a DeviceLoader and reports the GPU idle share from
+its own ``DeviceLoader.idle()`` (CUDA events on the training stream; the host's clock on the smoke
+run, labelled with its ``timing``), over steady windows that never cross an epoch boundary, after
+warm-up steps, the epoch start apart; images/s and per loader core, the host's wait for data (a
+separate figure), CPU fallbacks, GPU-failed and bad images, peak device memory (torch's allocator,
+and the device's used memory from cudaMemGetInfo, which sees nvJPEG's own allocations).
+docs/device.md, "GPU checks".
 
 Runs from the working tree: the repository root goes on sys.path, shardpack need not be
 installed (its missing wheels: ``bash scripts/gpu_wheels.sh``).  Rows are written to ``--out`` and
@@ -159,8 +161,10 @@ class Report:
         lines = [self.head, "", "| section | check | result |", "|---|---|---|"]
         lines += [f"| {r['section']} | {r['check']} | {r['result']} |" for r in self.rows]
         if self.feeds:
-            lines += ["", "GPU idle share, between steps, from CUDA events on the training stream"
-                      f"{' (stand-ins: host time)' if self.meta.get('smoke') else ''}:", "",
+            timings = "; ".join(f"{t} timing: {TIMINGS.get(t, t)}" for t in dict.fromkeys(
+                f["timing"] for f in self.feeds if f.get("timing")))
+            lines += ["", "GPU idle share, between steps, from DeviceLoader.idle()"
+                      f"{f' ({timings})' if timings else ''}:", "",
                       "| " + " | ".join(FEED_COLUMNS) + " |",
                       "|" + "---|" * len(FEED_COLUMNS)]
             lines += ["| " + " | ".join(feed_cells(f)) + " |" for f in self.feeds]
@@ -177,6 +181,9 @@ class Report:
                 + "\n")
 
 
+# DeviceLoader.idle()'s "timing": how its figures were taken
+TIMINGS = {"cuda-events": "CUDA events on the training stream",
+           "host": "the host's clock, batches staying on the CPU"}
 FEED_COLUMNS = ("feed", "workers", "images/s", "x ceiling", "img/s per loader core",
                 "GPU idle, steady", "GPU idle, epoch start", "host wait",
                 "worker / main CPU (cores)", "CPU fallbacks", "GPU failed", "bad",
@@ -228,7 +235,7 @@ def answer(feeds: list[dict]) -> list[str]:
     ceiling = next((f for f in feeds if f["feed"] == "ceiling" and not f.get("failed")), None)
     for w in sorted({f["workers"] for f in feeds if f["workers"]}):
         cpu, gpu = ok.get(("CPU decode", w)), ok.get(("GPU decode", w))
-        if cpu is None or gpu is None:
+        if cpu is None or gpu is None or cpu["idle"] is None or gpu["idle"] is None:
             continue
         lines.append(f"* {w} workers: GPU idle {_pct(cpu['idle'])} with CPU decode, "
                      f"{_pct(gpu['idle'])} with GPU decode "
@@ -439,30 +446,7 @@ def cpu_seconds(pids: list[int]) -> float | None:
     return total
 
 
-# -- CUDA events and memory, or their stand-ins ------------------------------------------------
-class StandinEvent:
-    """torch.cuda.Event(enable_timing=True) on the CPU smoke run: the host's time at record()."""
-
-    def __init__(self):
-        self.t = None
-
-    def record(self, stream=None) -> None:
-        self.t = time.perf_counter()
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end) -> float:
-        return (end.t - self.t) * 1000.0
-
-
-def new_event(device):
-    return torch.cuda.Event(enable_timing=True) if device.type == "cuda" else StandinEvent()
-
-
+# -- device sync and memory ----------------------------------------------------------------------
 def sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -507,15 +491,24 @@ class Memory:
 
 # -- the measurement -----------------------------------------------------------------------------
 @dataclass
-class Step:
-    epoch: int
+class Mark:
+    """``DeviceLoader.idle()`` read between two steps: after ``pos`` steps of the epoch were
+    queued (``images`` images in them) and the next batch was handed over, at host time ``t``.
+    Its counts end at that hand-over, so the counts between two marks cover exactly the steps
+    between them: each step's work (busy) and the wait for the batch after it (idle; at the
+    epoch's end, where no batch follows, the last step's work alone)."""
+
     pos: int
     images: int
-    wait: float     # host seconds in next() for this batch
-    t0: float       # host time before next()
-    t1: float       # host time after the step was queued
-    start: object   # event before the step's work, after the batch was handed over
-    end: object     # event after the step's work
+    t: float
+    idle: dict
+
+
+def mark(dl, pos: int, images: int) -> Mark:
+    """The loader's idle counts now (on CUDA a wait for the events recorded so far: a handful
+    of times a run, at window edges)."""
+    t = time.perf_counter()
+    return Mark(pos, images, t, dl.idle())
 
 
 def plan_windows(epoch_len: int, warmup: int, windows: int) -> list[range]:
@@ -528,53 +521,76 @@ def plan_windows(epoch_len: int, warmup: int, windows: int) -> list[range]:
         if size else []
 
 
-def train_run(run, step, source, *, warmup: int, epoch_len: int, windows: int, deadline: float,
-              mem: Memory, dl=None, epoch_start: bool = True) -> dict:
-    """Run ``step`` on ``source`` (``(epoch, pos, batch)``) as a training loop does: the host
-    stays at most two steps ahead of the device (it waits for the end event of the step two
-    back, as a loop that logs its loss would), never a synchronize per step.  Events on the
-    training stream before and after each step's work give the GPU's idle time between steps.
-    Warm-up: positions under ``warmup`` of the first epoch; steady windows: the rest of that
-    epoch (:func:`plan_windows`); then, with ``epoch_start``, the first step of the next epoch:
-    its idle time is the epoch start's.  Stops early at ``deadline``."""
+def one_step(step, batch, bad: "torch.Tensor", ends: list) -> int:
+    """Queue ``step`` on a fed batch (a dict) or the ceiling's resident one (a tuple), count its
+    bad images into ``bad``, and keep the host at most two steps ahead of a CUDA device (``ends``:
+    the last steps' end events); returns the images stepped."""
+    images, labels = (batch["image"], batch["cls"]) if isinstance(batch, dict) else batch
+    step(images, labels)
+    if isinstance(batch, dict) and "__bad__" in batch:
+        bad += batch["__bad__"].sum()
+    if images.is_cuda:
+        ends.append(torch.cuda.Event())
+        ends[-1].record()
+        if len(ends) > 2:
+            ends.pop(0).synchronize()
+    return int(images.shape[0])
+
+
+def train_run(run, step, dl, *, warmup: int, epoch_len: int, windows: int, deadline: float,
+              mem: Memory, epoch_start: bool = True) -> dict:
+    """Run ``step`` on the batches of ``dl`` (a ``DeviceLoader``) as a training loop does: the
+    host stays at most two steps ahead of the device (it waits for the step two back, as a loop
+    that logs its loss would), never a synchronize per step.  The idle share is the loader's
+    own, ``dl.idle()``, read at the edges of the steady windows (:func:`plan_windows`: the first
+    epoch after ``warmup`` steps) and at the epoch's end (:class:`Mark`); with ``epoch_start``,
+    also once the next epoch's first batch is handed over: its ``start_idle_s`` is the epoch
+    start's.  Stops early at ``deadline``."""
     device = run.device
-    plan = plan_windows(epoch_len, warmup, windows)
-    steps: list[Step] = []
+    starts = {w.start for w in plan_windows(epoch_len, warmup, windows)}
     bad = torch.zeros((), dtype=torch.int64, device=device)
+    marks: list[Mark] = []
+    ends: list = []  # the last steps' end events (CUDA): the host's lead
     cpu_at: dict = {}
-    note = ""
-    t0 = time.perf_counter()
-    for epoch, pos, batch in source:
-        t1 = time.perf_counter()
-        if epoch == 0 and pos == warmup:  # the steady part starts: CPU time from here
-            pids = worker_pids(dl) if dl is not None else []
-            cpu_at = dict(t=t0, pids=pids, workers=cpu_seconds(pids) if pids else None,
-                          main=time.process_time())
-        start, end = new_event(device), new_event(device)
-        start.record()
-        step(batch["image"], batch["cls"])
-        end.record()
-        if "__bad__" in batch:
-            bad += batch["__bad__"].sum()
-        t2 = time.perf_counter()
-        steps.append(Step(epoch, pos, int(batch["image"].shape[0]), t1 - t0, t0, t2, start, end))
-        if len(steps) > 2:
-            steps[-3].end.synchronize()  # at most two steps ahead
-        if len(steps) % 8 == 0:
-            mem.sample()
-        if epoch == 0 and pos + 1 == epoch_len:  # the steady part ends
+    note, images, steps, start = "", 0, 0, None
+    for epoch in (0, 1) if epoch_start else (0,):
+        dl.set_epoch(epoch)
+        it = iter(dl)
+        try:
+            for pos, batch in enumerate(it):
+                if epoch == 1:  # the next epoch's first batch is here: its start, then stop
+                    start = mark(dl, pos, images)
+                    break
+                late = time.perf_counter() > deadline
+                if pos in starts or (late and marks):
+                    marks.append(mark(dl, pos, images))
+                    cpu_at = cpu_at or cpu_start(dl, marks[0].t)
+                if late:
+                    note = f", stopped at the time budget after {steps} steps"
+                    break
+                images, steps = images + one_step(step, batch, bad, ends), steps + 1
+                if steps % 8 == 0:
+                    mem.sample()
+        finally:
+            it.close()
+        if epoch == 0:
+            if marks and not note:  # the epoch's end: its last step's busy time is counted
+                marks.append(mark(dl, steps, images))
             _cpu_end(cpu_at)
-        if epoch > 0 or (pos + 1 >= epoch_len and not epoch_start):
-            break
-        if time.perf_counter() > deadline:
-            note = f", stopped at the time budget after {len(steps)} steps"
-            break
-        t0 = time.perf_counter()
+            if note:
+                break
     sync(device)
-    _cpu_end(cpu_at)
-    out = summarize(steps, plan, epoch_len)
-    out.update(bad=int(bad), note=note, **cpu_use(cpu_at), **mem.result())
+    if not steps and not note:
+        raise RuntimeError("the loader yielded no batch in a whole epoch")
+    out = summarize(marks, start, epoch_len)
+    out.update(steps=steps, bad=int(bad), note=note, **cpu_use(cpu_at), **mem.result())
     return out
+
+
+def cpu_start(dl, t: float) -> dict:
+    pids = worker_pids(dl)
+    return dict(t=t, pids=pids, workers=cpu_seconds(pids) if pids else None,
+                main=time.process_time())
 
 
 def _cpu_end(at: dict) -> None:
@@ -595,38 +611,37 @@ def cpu_use(at: dict) -> dict:
     return dict(worker_cores=workers, main_cores=(at["end_main"] - at["main"]) / wall)
 
 
-def summarize(steps: list[Step], plan: list[range], epoch_len: int) -> dict:
-    """Per steady window: its span (from the end of the step before it to the end of its last
-    step, on the training stream), the idle gaps inside (end of a step -> start of the next),
-    images; and the epoch start's gap."""
-    def gap(k: int) -> float:  # ms the stream idled before step k
-        return steps[k - 1].end.elapsed_time(steps[k].start)
-
-    index = {(s.epoch, s.pos): k for k, s in enumerate(steps)}
-    rates, idles, images, span_ms, idle_ms, waits, walls, count = [], [], 0, 0.0, 0.0, 0.0, 0.0, 0
-    for window in plan:
-        ks = [index[(0, p)] for p in window if (0, p) in index]
-        if not ks or ks[0] == 0:
+def summarize(marks: list[Mark], start: Mark | None, epoch_len: int) -> dict:
+    """From consecutive marks (``DeviceLoader.idle()`` figures), per steady window: idle and busy
+    seconds (together the window's span on the step's device), the idle share and images/s;
+    all windows together; the host's wait for data over the windows' host time; and the epoch
+    start's idle time (``start_idle_s`` between the epoch's end and ``start``)."""
+    rates, idles = [], []
+    idle_s = busy_s = wait_s = wall_s = 0.0
+    images = count = 0
+    for a, b in zip(marks, marks[1:], strict=False):
+        idle = b.idle["idle_s"] - a.idle["idle_s"]
+        busy = b.idle["busy_s"] - a.idle["busy_s"]
+        if idle + busy <= 0 or b.pos <= a.pos:
             continue
-        span = steps[ks[0] - 1].end.elapsed_time(steps[ks[-1]].end)
-        idle = sum(gap(k) for k in ks)
-        n = sum(steps[k].images for k in ks)
-        if span <= 0:
-            continue
-        rates.append(n / span * 1000)
-        idles.append(idle / span)
-        images, span_ms, idle_ms, count = images + n, span_ms + span, idle_ms + idle, \
-            count + len(ks)
-        waits += sum(steps[k].wait for k in ks)
-        walls += steps[ks[-1]].t1 - steps[ks[0]].t0
-    first_next = next((k for k, s in enumerate(steps) if s.epoch == 1 and s.pos == 0), None)
-    start_ms = gap(first_next) if first_next else None
-    epoch_ms = span_ms / count * epoch_len if count else None
-    return dict(rate=images / span_ms * 1000 if span_ms else 0.0, window_rates=rates,
-                idle=idle_ms / span_ms if span_ms else None, window_idle=idles,
-                host_wait=waits / walls if walls else None, steady_steps=count,
-                steps=len(steps), epoch_start_ms=start_ms,
-                epoch_start_share=start_ms / epoch_ms if start_ms is not None and epoch_ms
+        rates.append((b.images - a.images) / (idle + busy))
+        idles.append(idle / (idle + busy))
+        idle_s, busy_s, images, count = idle_s + idle, busy_s + busy, \
+            images + b.images - a.images, count + b.pos - a.pos
+        wait_s += b.idle["host_wait_s"] - a.idle["host_wait_s"]
+        wall_s += b.t - a.t
+    span = idle_s + busy_s
+    start_s = None
+    if start is not None and marks \
+            and start.idle["epoch_starts"] > marks[-1].idle["epoch_starts"]:
+        start_s = start.idle["start_idle_s"] - marks[-1].idle["start_idle_s"]
+    epoch_s = span / count * epoch_len if count else None
+    return dict(rate=images / span if span else 0.0, window_rates=rates,
+                idle=idle_s / span if span else None, window_idle=idles,
+                timing=marks[-1].idle["timing"] if marks else None, idle_s=idle_s,
+                busy_s=busy_s, host_wait=wait_s / wall_s if wall_s else None,
+                steady_steps=count, epoch_start_ms=None if start_s is None else start_s * 1000,
+                epoch_start_share=start_s / epoch_s if start_s is not None and epoch_s
                 else None)
 
 
@@ -868,24 +883,30 @@ def batched_decode_rate(run: Run, encoded: list[bytes], per_call: int, deadline:
 
 
 def sec_model(run: Run, deadline: float) -> None:
-    """The ceiling: the step on one batch already on the device, so no loader at all."""
+    """The ceiling: the step on one batch already on the device, so no data loading at all (a
+    DeviceLoader only hands that batch over, so that the idle share is taken as the fed runs'
+    is)."""
     step = run.model_step()
     g = torch.Generator().manual_seed(0)
     images = torch.randn(run.batch, 3, run.size, run.size, generator=g).to(run.device)
-    resident = {"image": images.contiguous(memory_format=torch.channels_last),
-                "cls": torch.randint(0, CLASSES, (run.batch,), generator=g).to(run.device)}
+    resident = (images.contiguous(memory_format=torch.channels_last),
+                torch.randint(0, CLASSES, (run.batch,), generator=g).to(run.device))
     warmup, per = (2, 2) if run.smoke else (6, 8)
+    epoch_len = warmup + 3 * per
+    # a tuple passes DeviceLoader as it is (a dict's "image" would be converted as a uint8 NHWC
+    # batch)
+    dl = shardpack.DeviceLoader([resident] * epoch_len, device=run.device)
     mem = Memory(run.device, run.outside0)
     mem.start()
-    source = ((0, pos, resident) for pos in range(10**9))
-    r = train_run(run, step, source, warmup=warmup, epoch_len=warmup + 3 * per, windows=3,
+    r = train_run(run, step, dl, warmup=warmup, epoch_len=epoch_len, windows=3,
                   deadline=deadline, mem=mem, epoch_start=False)
     row = dict(feed="ceiling", workers=0, x_ceiling=None, **r)
     run.made["ceiling"] = r["rate"]
     run.report.feed(row)
     run.report.add("model", f"{model_name(run)} bf16 channels-last train step, batch of "
                    f"{run.batch} already on the {run.device.type.upper()} (the ceiling)",
-                   f"{r['rate']:,.0f} img/s, GPU idle {_pct(r['idle'])}{r['note']}")
+                   f"{r['rate']:,.0f} img/s, GPU idle {_pct(r['idle'])} ({r['timing']} timing)"
+                   f"{r['note']}")
 
 
 def model_name(run: Run) -> str:
@@ -899,24 +920,22 @@ def sec_loader(run: Run, deadline: float, feed: str, workers: int) -> None:
     mem.start()
     epoch_len = run.need("data")["count"] // run.batch
     warmup = max(1, min(workers + 2, epoch_len // 3))
-    source = epochs(dl)
     try:
-        r = train_run(run, step, source, warmup=warmup, epoch_len=epoch_len,
-                      windows=WINDOWS if not run.smoke else 2, deadline=deadline, mem=mem, dl=dl)
+        r = train_run(run, step, dl, warmup=warmup, epoch_len=epoch_len,
+                      windows=WINDOWS if not run.smoke else 2, deadline=deadline, mem=mem)
     finally:
-        source.close()
         close_loader(dl)
     ceiling = run.made.get("ceiling")
     row = dict(feed=FEED_NAMES[feed], workers=workers,
                x_ceiling=r["rate"] / ceiling if ceiling else None,
                cpu_fallbacks=dl.stats["cpu_fallbacks"], gpu_failed=dl.stats["gpu_failed"],
-               loader_gpu_idle=dl.gpu_idle_fraction, loader_wait=dl.wait_fraction,
-               warmup=warmup, **r)
+               loader_idle=dl.idle(), loader_wait=dl.wait_fraction, warmup=warmup, **r)
     run.report.feed(row)
     start = "-" if r["epoch_start_ms"] is None else f"{r['epoch_start_ms']:.0f} ms"
     run.report.add(f"loader.{feed}.{workers}", f"{model_name(run)} fed by DeviceLoader, "
                    f"{FEED_NAMES[feed]}, {workers} workers",
-                   f"{r['rate']:,.0f} img/s, GPU idle {_pct(r['idle'])} (epoch start {start}), "
+                   f"{r['rate']:,.0f} img/s, GPU idle {_pct(r['idle'])} (epoch start {start}; "
+                   f"{r['timing']} timing), "
                    f"host wait {_pct(r['host_wait'])}, {row['cpu_fallbacks']} CPU fallbacks, "
                    f"{row['gpu_failed']} GPU failed, {r['bad']} bad{r['note']}")
 
@@ -994,7 +1013,7 @@ def parse(argv):
     p.add_argument("--out", default=None, help="also write the tables to this file (markdown)")
     p.add_argument("--json", default=None, help="also write every figure to this file")
     p.add_argument("--cpu-smoke", action="store_true",
-                   help="every section on the CPU with stand-in CUDA events and decoder, tiny "
+                   help="every section on the CPU (host-clock timing, stand-in decoder), tiny "
                    "sizes (CI)")
     p.add_argument("--synthetic", action="store_true",
                    help="generate numpy+Pillow images even where scikit-image is installed")
@@ -1060,7 +1079,7 @@ def main(argv=None) -> int:
     faulthandler.dump_traceback_later(args.budget + 45, exit=True)
     if smoke:
         device = torch.device("cpu")
-        where = f"CPU smoke run (stand-in CUDA events and decoder) on " \
+        where = f"CPU smoke run (host-clock timing, stand-in decoder) on " \
                 f"{platform.processor() or platform.machine()}"
         versions = f"torch {torch.__version__}"
     else:

@@ -80,13 +80,15 @@ class HostEvent:
         self.t = 0.0
 
     def record(self, stream=None) -> None:
+        """Take the host's time now (``stream`` is ignored: the host has none)."""
         self.t = time.perf_counter()
 
     def query(self) -> bool:
+        """Complete: a host event is complete once recorded."""
         return True
 
     def synchronize(self) -> None:
-        pass
+        """Nothing to wait for."""
 
     def elapsed_time(self, end: "HostEvent") -> float:
         """Milliseconds from this event to ``end``, as CUDA events give them."""

@@ -1,8 +1,8 @@
 """scripts/gpu_check.py, where it can run without a GPU: the CPU smoke run of every section
-(stand-in
-CUDA events and decoder), each image generator, sections that fail alone (--inject-failure), the
-measurement's arithmetic on made-up event timelines, and the one-line refusal of the GPU run
-without CUDA.  The GPU run itself needs a CUDA machine (docs/device.md, "GPU checks")."""
+(DeviceLoader's host-clock timing, a stand-in decoder), each image generator, sections that fail
+alone (--inject-failure), the idle share taken from ``DeviceLoader.idle()`` (made-up figures, and
+a real loader over batches slower than the step), and the one-line refusal of the GPU run without
+CUDA.  The GPU run itself needs a CUDA machine (docs/device.md, "GPU checks")."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+
+import shardpack
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
@@ -70,7 +73,7 @@ def _smoke(tmp_path, *args: str, env: dict | None = None, ok: bool = True):
         assert proc.returncode == 1, proc.stderr[-4000:]
     assert out.read_text().strip() == proc.stdout.strip()  # --out holds the printed tables
     head, rows, feeds = _tables(proc.stdout)
-    assert "CPU smoke run (stand-in CUDA events and decoder)" in head and "--cpu-smoke" in head
+    assert "CPU smoke run (host-clock timing, stand-in decoder)" in head and "--cpu-smoke" in head
     return head, rows, feeds, json.loads(js.read_text()), proc, took
 
 
@@ -88,13 +91,18 @@ def test_cpu_smoke_runs_every_section(tmp_path):
     # the fed runs: the ceiling, then CPU and GPU decode at each worker count
     assert [(f["feed"], f["workers"]) for f in feeds] == [("ceiling", "-")] + [
         (name, str(w)) for w in (2, 4, 12) for name in ("CPU decode", "GPU decode")]
+    # every figure from DeviceLoader.idle(), the ceiling's too, labelled with its timing
+    assert "from DeviceLoader.idle() (host timing" in proc.stdout
+    assert "GPU idle" in rows["model"][1] and "(host timing)" in rows["model"][1]
     for f in data["feeds"]:
         assert f["rate"] > 0 and 0 <= f["idle"] <= 1 and f["steady_steps"] > 0, f
+        assert f["timing"] == "host" and f["idle_s"] + f["busy_s"] > 0, f
         assert len(f["window_rates"]) == (3 if f["feed"] == "ceiling" else 2)
         if f["feed"] != "ceiling":  # an epoch start, timed apart from the steady windows
             assert f["epoch_start_ms"] is not None and f["epoch_start_ms"] >= 0, f
             assert f["cpu_fallbacks"] == 0 and f["bad"] == 0 and f["x_ceiling"] > 0
-            assert f["steps"] == 10 + 1  # one epoch, then the next one's first step
+            assert f["steps"] == 10  # one epoch (then the next one's first batch, not stepped)
+            assert f["loader_idle"]["epoch_starts"] == 2 and f["loader_idle"]["timing"] == "host"
     assert len(data["answer"]) == 4 and data["answer"][0].startswith("* 2 workers: GPU idle ")
     assert data["failed"] == [] and data["smoke"] is True
 
@@ -181,32 +189,75 @@ def test_steady_windows_cover_the_rest_of_one_epoch_and_never_cross_it(epoch_len
     assert len(set(sizes[:-1])) <= 1 and sizes[-1:] <= sizes[:1]  # equal, the last no longer
 
 
-class _At:
-    """An event that completed at a given time (ms)."""
+class _Scripted(shardpack.DeviceLoader):
+    """A DeviceLoader whose ``idle()`` hands out made-up running totals, one set a call."""
 
-    def __init__(self, t):
-        self.t = t
+    def __init__(self, batches, totals):
+        super().__init__(batches)
+        self.totals = list(totals)
 
-    def elapsed_time(self, end):
-        return end.t - self.t
+    def idle(self) -> dict:
+        idle, busy, start, starts = self.totals.pop(0)
+        return {"timing": "scripted", "idle_s": idle, "busy_s": busy, "idle_fraction": None,
+                "start_idle_s": start, "epoch_starts": starts, "host_wait_s": 0.0}
 
 
-def test_idle_share_windows_and_the_epoch_start_from_event_times():
-    """An epoch of 4 steps of 100 ms with 25 ms idle before each (1 warm-up step, then windows
-    of 2 and 1 steps), then 400 ms idle at the next epoch's start."""
-    Step = gc_mod.Step
-    steps, t = [], 0.0
-    for pos in range(4):
-        t += 25
-        steps.append(Step(0, pos, 8, 0.01, 0, 0, _At(t), _At(t + 100)))
-        t += 100
-    steps.append(Step(1, 0, 8, 0.4, 0, 0, _At(t + 400), _At(t + 500)))
-    r = gc_mod.summarize(steps, gc_mod.plan_windows(4, 1, 2), epoch_len=4)
-    assert r["steady_steps"] == 3 and len(r["window_rates"]) == 2
-    assert r["idle"] == pytest.approx(25 / 125)
-    assert r["rate"] == pytest.approx(8 / 0.125)
-    assert r["epoch_start_ms"] == pytest.approx(400)
-    assert r["epoch_start_share"] == pytest.approx(400 / (4 * 125))
+def _batches(count, images=4):
+    """Tuples (images, labels): DeviceLoader hands them over as they are."""
+    return [(torch.zeros(images, 3, 8, 8), torch.zeros(images, dtype=torch.int64))
+            for _ in range(count)]
+
+
+def _train(dl, epoch_len, warmup, windows, step=lambda x, y: None):
+    cpu = torch.device("cpu")
+    return gc_mod.train_run(SimpleNamespace(device=cpu), step, dl, warmup=warmup,
+                            epoch_len=epoch_len, windows=windows,
+                            deadline=time.perf_counter() + 60, mem=gc_mod.Memory(cpu))
+
+
+def test_idle_share_windows_and_the_epoch_start_are_device_loader_idle():
+    """An epoch of 6 steps of 4 images, 2 warm-up steps, 2 windows: idle() is read at the
+    windows' edges (positions 2 and 4), at the epoch's end, and at the next epoch's first
+    batch; every figure is what those reads said, and nothing else."""
+    dl = _Scripted(_batches(6), [(0.5, 0.5, 0.1, 1),     # pos 2 (warm-up before it)
+                                 (1.5, 3.5, 0.1, 1),     # pos 4: window 1 idled 1 s of 4
+                                 (3.5, 5.5, 0.1, 1),     # end: window 2 idled 2 s of 4
+                                 (3.5, 5.5, 0.35, 2)])   # the next epoch's first batch
+    r = _train(dl, epoch_len=6, warmup=2, windows=2)
+    assert dl.totals == [] and r["timing"] == "scripted"
+    assert r["window_idle"] == pytest.approx([0.25, 0.5])
+    assert r["idle"] == pytest.approx(3 / 8) and (r["idle_s"], r["busy_s"]) == (3.0, 5.0)
+    assert r["window_rates"] == pytest.approx([2.0, 2.0]) and r["rate"] == pytest.approx(2.0)
+    assert r["steady_steps"] == 4 and r["steps"] == 6
+    assert r["epoch_start_ms"] == pytest.approx(250)
+    assert r["epoch_start_share"] == pytest.approx(0.25 / (8 / 4 * 6))
+
+
+class _Slow:
+    """Batches made in ``every`` seconds each, an epoch's first in ``first``: the loader's
+    producer thread makes them, so the step waits ``every`` minus its own time."""
+
+    def __init__(self, count, every, first):
+        self.batches, self.every, self.first = _batches(count), every, first
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for i, batch in enumerate(self.batches):
+            time.sleep(self.first if i == 0 else self.every)
+            yield batch
+
+
+def test_idle_share_of_a_real_loader_over_batches_slower_than_the_step():
+    """Batches every 30 ms, a 10 ms step: the device idles ~2/3 of the steady time, on the
+    host's clock (``timing`` "host"); the epoch start (a 200 ms first batch) counts apart."""
+    dl = shardpack.DeviceLoader(_Slow(9, every=0.03, first=0.2))
+    r = _train(dl, epoch_len=9, warmup=3, windows=2, step=lambda x, y: time.sleep(0.01))
+    assert r["timing"] == "host" and len(r["window_idle"]) == 2
+    assert 0.4 < r["idle"] < 0.9, r
+    assert 40 < r["rate"] < 150, r  # 4 images a batch, at most one batch per 30 ms
+    assert 180 < r["epoch_start_ms"] < 1000, r
 
 
 def test_budget_gives_each_section_its_share_of_what_is_left():
