@@ -58,8 +58,8 @@ def bench(datasets, files, on_error, weights, epoch_size, decode, workers, batch
 
     sweep = SweepOptions(**sweep_options)
     if sweep.sweep:
-        return _sweep(datasets, files, decode or "cpu", workers, batch_size, size, step_ms,
-                      device, plot, quiet, sweep)
+        return _sweep(datasets, files, on_error, decode or "cpu", workers, batch_size, size,
+                      step_ms, device, plot, quiet, sweep)
     given = [flag for flag, value in (("--json", sweep.json_path), ("--model", sweep.model),
                                       ("--transform", sweep.transform))
              if value is not None]
@@ -112,8 +112,8 @@ def _check_plain(datasets, files, on_error, weights, epoch_size) -> tuple | None
     return shares
 
 
-def _sweep(datasets, files, decode, workers, batch_size, size, step_ms, device, plot, quiet,
-           opts: SweepOptions) -> None:
+def _sweep(datasets, files, on_error, decode, workers, batch_size, size, step_ms, device, plot,
+           quiet, opts: SweepOptions) -> None:
     from shardpack.inspect import verdict
     from shardpack.inspect.sweep import Data, remove, sweep, workspace
     from shardpack.inspect.trial import Config
@@ -137,7 +137,7 @@ def _sweep(datasets, files, decode, workers, batch_size, size, step_ms, device, 
         require_plot()
     work = workspace()
     try:
-        data = Data(datasets[0], files, work)
+        data = Data(datasets[0], files, work, on_error)
         start = Config(name="start (your options)", lever="start",
                        path=data.packed or data.files, files=data.packed is None,
                        workers=workers, execution=opts.execution,

@@ -47,8 +47,9 @@ class PillowFolder:
         return len(self.items)
 
     def __getitem__(self, index: int) -> dict:
-        import torch
         from PIL import Image
+
+        from shardpack.loader.torchenv import torch
 
         path, label = self.items[index]
         rng = random.Random(hash((self.spec.seed, index)) & 0xFFFFFFFF)
@@ -71,9 +72,9 @@ class CollateThen:
         self.transform = transform
 
     def __call__(self, samples):
-        from torch.utils.data import default_collate
+        from shardpack.loader.torchenv import torch
 
-        batch = default_collate(samples)
+        batch = torch.utils.data.default_collate(samples)
         return self.transform(batch) if self.transform is not None else batch
 
 

@@ -83,7 +83,8 @@ class Sweep:
     elapsed_s: float = 0.0
     cores: int = 1
     notes: list = dataclasses.field(default_factory=list)
-    resized: tuple | None = None  # (the resized sample's path, its side)
+    packs: dict = dataclasses.field(default_factory=dict)  # a sample pack's path -> the command
+    # that makes the real one
 
 
 def worker_counts(cores: int) -> list[int]:
@@ -99,10 +100,11 @@ class Data:
     """Where the sweep's configurations read from: the packed dataset (``packed``), the raw tree
     (``files``), a resized sample pack (``resized``, with its side), and scratch space."""
 
-    def __init__(self, source: str, files: str | None, workdir: str):
+    def __init__(self, source: str, files: str | None, workdir: str, on_error: str = "raise"):
         from shardpack.format.names import MANIFEST_NAME
 
-        self.workdir = workdir
+        self.workdir, self.on_error = workdir, on_error
+        self.packs: dict = {}  # the sample packs made here -> the command for the real one
         self.remote = "://" in source and not source.startswith("file://")
         self.resized = self.resize_side = None
         if self.remote or os.path.exists(os.path.join(source, MANIFEST_NAME)):
@@ -119,17 +121,19 @@ class Data:
         from shardpack.write.pack import pack
         from shardpack.write.packsource import PackSource
 
-        total = sum(1 for _ in PackSource(self.files))
+        total = sum(1 for _ in PackSource(self.files, skip_bad=self.on_error == "skip"))
         part = max(1, total // RESIZE_SAMPLE)
         whole = part if self.packed is None else None
         if whole is not None:  # the packed side of the comparison: a sample, as the user would
             self.packed = os.path.join(self.workdir, "packed")
             pack(self.files, self.packed, part=(0, whole) if whole > 1 else None,
-                 progress=progress)
+                 on_error=self.on_error, progress=progress)
+            self.packs[self.packed] = f"shardpack pack {self.files} OUT"
         self.resize_side = resize_side(size)
         self.resized = os.path.join(self.workdir, f"resized-{self.resize_side}")
         pack(self.files, self.resized, part=(0, part) if part > 1 else None,
-             resize=self.resize_side, progress=progress)
+             resize=self.resize_side, on_error=self.on_error, progress=progress)
+        self.packs[self.resized] = f"shardpack pack {self.files} OUT --resize {self.resize_side}"
 
 
 def resize_side(size: int) -> int:
@@ -272,8 +276,7 @@ def sweep(start: Config, data: Data, opts: SweepOptions, *, cuda: bool,
         data.pack_samples(start.size, progress)
     singles, skipped = plan(start, data, cuda, cores)
     result = Sweep([Measured(c) for c in singles], skipped, start.step_ms, opts.budget,
-                   cores=cores, resized=(data.resized, data.resize_side) if data.resized
-                   else None)
+                   cores=cores, packs=data.packs)
     planned = len(singles) + len(worker_counts(cores))
     clock.seconds = max(MIN_MEASURE_S, clock.left() / planned - TRIAL_START_S)
     bar = _bar(progress, planned)
@@ -308,12 +311,15 @@ class Budget:
         self.overheads: list = []
 
     def elapsed(self) -> float:
+        """Seconds since the sweep began."""
         return time.perf_counter() - self.started
 
     def left(self) -> float:
+        """Seconds of the budget left."""
         return self.budget - self.elapsed()
 
     def trial_cost(self) -> float:
+        """What the next trial will take: its measured part and the longest start-up seen."""
         start = max(self.overheads) if self.overheads else TRIAL_START_S
         return self.seconds + start
 
@@ -349,4 +355,5 @@ def workspace() -> str:
 
 
 def remove(path: str) -> None:
+    """Remove the scratch folder (sample packs, caches)."""
     shutil.rmtree(path, ignore_errors=True)

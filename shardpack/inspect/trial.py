@@ -116,8 +116,9 @@ def model_step(config: Config):
     if not config.model:
         seconds = config.step_ms / 1000.0
         return lambda batch: time.sleep(seconds)
-    import torch
     import torchvision  # the GPU path alone imports it (the CPU wheel has none beside it)
+
+    from shardpack.loader.torchenv import torch
 
     net = getattr(torchvision.models, config.model)(num_classes=1000).to(config.device)
     net = net.to(memory_format=torch.channels_last)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import statistics
 
+from shardpack.loader.pipeline import DATASET_STAGES
+
 WAIT_TARGET = 0.05  # the wait, as a share of the step's time, a recommendation must stay under
 CORES_SLACK = 1.15  # the start is kept over a change that saves less than this share of cores
 STAGE_KINDS = {"order": "I/O", "read": "I/O", "decode": "CPU decode",
@@ -55,8 +57,9 @@ def bound(figures: dict, cores: int) -> dict:
         top = max(stages, key=lambda s: stages[s]["share"]) if stages else None
         return {"stage": top or "cpu", "kind": f"this machine's {cores} CPU cores",
                 "share": stages[top]["share"] if top else None}
-    if not stages:
-        return {"stage": "unknown", "kind": "no stage counters (raw files)", "share": None}
+    if not any(name in DATASET_STAGES for name in stages):
+        return {"stage": "workers", "kind": "the DataLoader workers (raw files have no stage "
+                "counters)", "share": None}
     top = max(stages, key=lambda s: stages[s]["share"])
     return {"stage": top, "kind": STAGE_KINDS.get(top, top), "share": stages[top]["share"]}
 
@@ -91,8 +94,8 @@ def code_for(config, sweep) -> str:
         return "# your raw-file loader keeps up: packing is not needed for this step time"
     lines = []
     path = repr(config.path)
-    if sweep.resized is not None and config.path == sweep.resized[0]:
-        lines.append(f"# shardpack pack SRC OUT --resize {sweep.resized[1]}  (then read OUT)")
+    if config.path in sweep.packs:  # measured on a sample pack: make the real one
+        lines.append(f"# {sweep.packs[config.path]}   (then read OUT)")
         path = "'OUT'"
     spec = f"shardpack.TransformSpec(size={config.size})"
     place = {"cpu": "cpu", "cpu-whole": "cpu", "gpu": "gpu"}.get(config.decode)
@@ -192,6 +195,7 @@ def as_json(sweep) -> dict:
 
 
 def write_json(sweep, path: str) -> None:
+    """Write :func:`as_json`'s figures to ``path``."""
     with open(path, "w") as f:
         json.dump(as_json(sweep), f, indent=1)
 
