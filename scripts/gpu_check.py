@@ -19,6 +19,10 @@ sections still run, and the exit code is 1 when any failed):
   loader    the same step fed by DeviceLoader, CPU decode and GPU decode at 2, 4 and 12 workers
             (loader.cpu.2 ... loader.gpu.12, each a section of its own)
   errors    nvJPEG's message for a broken JPEG, and how shardpack classifies it
+  sweep     ``shardpack bench --sweep --model resnet50`` on the packed data, in a process of its
+            own: the recommendation, the start's bound, each configuration's samples/s and wait;
+            pinned memory and GPU decode must be among them (on the smoke run a simulated 30 ms
+            step, and both listed as not measured); its printed table goes to the JSON report
   transfer  pinned vs pageable host-to-device copy
   tests     the GPU tests (pytest; --collect-only on the smoke run)
 
@@ -96,17 +100,21 @@ from shardpack.images.content import is_image_field  # noqa: E402
 
 CLASSES = 10
 # (errors after loader: a broken JPEG must not touch nvJPEG's decoder before the timed runs)
-SECTIONS = ("data", "decode", "nvjpeg", "model", "loader", "errors", "transfer", "tests")
+SECTIONS = ("data", "decode", "nvjpeg", "model", "loader", "errors", "sweep", "transfer",
+            "tests")
 # each section's share of the time budget (the loader's is split between its runs); a section's
 # deadline is its share of the time left, against the shares of the sections still to come
-SHARES = {"data": 0.09, "decode": 0.04, "errors": 0.01, "nvjpeg": 0.04, "model": 0.07,
-          "loader": 0.52, "transfer": 0.03, "tests": 0.20}
+SHARES = {"data": 0.09, "decode": 0.04, "errors": 0.01, "nvjpeg": 0.04, "model": 0.06,
+          "loader": 0.38, "sweep": 0.20, "transfer": 0.02, "tests": 0.16}
 NEED_S = {"tests": 40.0}  # a section skipped (not failed) with less than this left
 FEEDS = ("cpu", "gpu")
 DIFF_IMAGES = 256                       # GPU vs CPU decode: this many images compared
 TOL_MEAN, TOL_IMAGE = 5.0, 15.0         # pass: mean abs diff (0-255) over all, and worst image's
 FULL_EPOCH, FULL_BUDGET = 48, 300.0     # batches per epoch at the default budget
+SMOKE_BUDGET = 90.0                     # --cpu-smoke's (the sweep's 20 s, and tests' 40 s left)
 WINDOWS = 4                             # steady windows per fed run (3 on the ceiling)
+SWEEP_MIN_S = 30        # the sweep's budget on CUDA: its share, never less (a trial costs ~10 s)
+SWEEP_SMOKE_S = 20      # its budget on the smoke run (a simulated 30 ms step)
 GPU_TESTS = ("tests/integration/test_gpudecode.py::test_gpu_decoder_has_no_hidden_sync_per_batch",
              "tests/integration/test_gpudecode.py::test_real_nvjpeg_error_on_a_broken_jpeg_is_the_images",
              "tests/integration/test_decode_device.py::test_gpu_decode_close_to_cpu",
@@ -967,22 +975,12 @@ def sec_tests(run: Run, deadline: float) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *GPU_TESTS]
     if run.smoke:
         cmd.append("--collect-only")
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env=dict(os.environ,
-                                                                         PYTHONPATH=path))
-    try:
-        out, _ = proc.communicate(timeout=max(5.0, deadline - time.perf_counter()))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        log(out[-4000:])
-        raise TimeoutError("pytest did not finish in its time budget") from None
+    code, out, _ = child(cmd, max(5.0, deadline - time.perf_counter()), "pytest")
     log("pytest:\n" + out[-6000:])
     lines = [line for line in out.strip().splitlines() if line.strip()]
     summary = lines[-1].strip("= ") if lines else "no output"
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    if proc.returncode != 0:
+    if code != 0:
         raise AssertionError(f"{summary}; " + "; ".join(failures)[:200])
     if run.smoke:
         count = re.search(r"(\d+) tests? collected", out)
@@ -993,12 +991,93 @@ def sec_tests(run: Run, deadline: float) -> None:
                    "nvJPEG error, GPU vs CPU decode, 2 ranks on the GPUs there are", summary)
 
 
+def child(cmd: list[str], timeout: float, what: str, merge: bool = True) -> tuple[int, str, str]:
+    """Run ``cmd`` from the repository root with the root on PYTHONPATH (shardpack is not
+    installed there; the child's own children inherit it), in a session of its own, killed with
+    all its children at ``timeout``; returns (exit code, stdout, stderr; with ``merge`` stderr is
+    in stdout)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
+                            start_new_session=True, env=dict(os.environ, PYTHONPATH=path))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        log(((out or "") + (err or ""))[-4000:])
+        raise TimeoutError(f"{what} did not finish in its time budget ({timeout:.0f} s)") \
+            from None
+    return proc.returncode, out, err or ""
+
+
+def sec_sweep(run: Run, deadline: float) -> None:
+    """``shardpack bench --sweep`` on the packed data, as a user runs it (``python -m
+    shardpack.cli``, its trials in processes of their own): on CUDA with ResNet-50's train step,
+    where pinned memory and GPU decode must be measured; on the smoke run with a simulated 30 ms
+    step on the CPU, where they must be listed as not measured.  Its printed table goes to the
+    JSON report (``table``) and the log; its figures to ``sweep``."""
+    left = int(deadline - time.perf_counter())
+    budget = max(10, min(SWEEP_SMOKE_S, left)) if run.smoke else max(SWEEP_MIN_S, left - 5)
+    figures = Path(run.args.tmp) / "sweep.json"
+    step = ["--step-ms", "30", "--device", "cpu"] if run.smoke else ["--model", "resnet50"]
+    cmd = [sys.executable, "-m", "shardpack.cli", "bench", str(run.need("data")["path"]),
+           "--sweep", *step, "--batch-size", str(run.batch), "--size", str(run.size),
+           "--workers", str(min(run.args.workers, default=2)), "--budget", str(budget),
+           "--json", str(figures), "-q"]
+    code, out, err = child(cmd, budget + 120, "the sweep", merge=False)
+    log("sweep:\n" + out[-6000:])
+    if code != 0:
+        last = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"shardpack bench --sweep exited {code}: {last}")
+    data = json.loads(figures.read_text())
+    result = sweep_result(data, cuda=not run.smoke)
+    what = "a simulated 30 ms step" if run.smoke else "ResNet-50's train step"
+    run.report.add("sweep", f"shardpack bench --sweep, {what}, batch {run.batch}, "
+                   f"{min(run.args.workers, default=2)} workers to start, {budget} s budget",
+                   result, table=out, sweep=data)
+
+
+def sweep_result(data: dict, cuda: bool) -> str:
+    """The sweep's row: what it recommends, what bounds the start, each configuration's
+    samples/s and wait; raises where a configuration failed, or where pinned memory and GPU
+    decode were not measured on CUDA (or claimed measured without it)."""
+    configs = data["configurations"]
+    failed = [c for c in configs if c.get("error")]
+    if not configs or configs[0].get("samples_per_s") is None:
+        raise AssertionError("the start was not measured: "
+                             f"{configs[0].get('error') if configs else 'no configuration'}")
+    if failed:
+        raise AssertionError(f"{len(failed)} configuration(s) failed: " + "; ".join(
+            f"{c['name']}: {c['error']}" for c in failed)[:240])
+    gpu = {"pinned off": [c for c in configs if c["lever"] == "pin"],
+           "decode on GPU": [c for c in configs if c["config"]["decode"] == "gpu"]}
+    skipped = {n["lever"]: n["why"] for n in data["not_measured"]}
+    if cuda:  # (not measured for lack of time: listed under the configuration's name)
+        missing = [f"{name} ({skipped.get(name, 'not planned')})"
+                   for name, found in gpu.items() if not found]
+        if missing:
+            raise AssertionError("not measured on CUDA: " + "; ".join(missing))
+        place = "pinned off and decode on GPU measured"
+    else:
+        if any(gpu.values()) or not {"pin", "decode on GPU"} <= set(skipped):
+            raise AssertionError("pinned memory or GPU decode measured without CUDA")
+        place = "pinned memory and GPU decode not measured (no CUDA)"
+    rec, bound = data["recommendation"], data["bound"] or {}
+    use = rec["name"] or f"none ({rec.get('why', '')})"
+    rows = ", ".join(f"{c['name']} {c['samples_per_s']:,.0f}/s wait "
+                     f"{100 * (c['wait_fraction'] or 0):.1f}%" for c in configs)
+    return (f"use: {use}; the start bound by {bound.get('kind', '-')}; {rows}; {place}; "
+            f"{configs[0].get('timing')} timing, {data['elapsed_s']:.0f} s").replace("|", "/")
+
+
 # -- main ----------------------------------------------------------------------------------------
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-s", "--budget", dest="budget", type=float, default=None,
-                   help=f"seconds for the whole run (default {FULL_BUDGET:g}; 60 with "
-                   "--cpu-smoke); the data, windows and sections scale to it")
+                   help=f"seconds for the whole run (default {FULL_BUDGET:g}; "
+                   f"{SMOKE_BUDGET:g} with --cpu-smoke); the data, windows and sections scale "
+                   "to it")
     p.add_argument("--images", type=int, default=None,
                    help=f"images to generate (default {FULL_EPOCH} batches' worth at the default "
                    "budget, scaled with it; 10 batches with --cpu-smoke)")
@@ -1019,7 +1098,7 @@ def parse(argv):
                    help="generate numpy+Pillow images even where scikit-image is installed")
     args = p.parse_args(argv)
     smoke = args.cpu_smoke
-    args.budget = args.budget or (60.0 if smoke else FULL_BUDGET)
+    args.budget = args.budget or (SMOKE_BUDGET if smoke else FULL_BUDGET)
     args.batch = args.batch or (16 if smoke else 256)
     args.size = args.size or (32 if smoke else 224)
     args.workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
@@ -1045,9 +1124,11 @@ def plan(args) -> list[tuple]:
     titles = {"data": "generate + pack the JPEGs", "decode": "GPU vs CPU decode, same crops",
               "errors": "nvJPEG's error for a broken JPEG, as shardpack reads it",
               "nvjpeg": "nvJPEG batched decode alone", "model": "train step on a resident batch "
-              "(the ceiling)", "transfer": "host-to-device copy", "tests": "GPU tests (pytest)"}
+              "(the ceiling)", "sweep": "shardpack bench --sweep on the packed data",
+              "transfer": "host-to-device copy", "tests": "GPU tests (pytest)"}
     funcs = {"data": sec_data, "decode": sec_decode, "errors": sec_errors, "nvjpeg": sec_nvjpeg,
-             "model": sec_model, "transfer": sec_transfer, "tests": sec_tests}
+             "model": sec_model, "sweep": sec_sweep, "transfer": sec_transfer,
+             "tests": sec_tests}
     for name in args.sections:
         if name == "loader":
             for w in args.workers:

@@ -144,7 +144,9 @@ def resize_side(size: int) -> int:
 
 def plan(start: Config, data: Data, cuda: bool, cores: int) -> tuple[list, list]:
     """The single-lever configurations (the starting point first) and the levers not measured
-    here, each ``(lever, why)``."""
+    here, each ``(lever, why)``.  On CUDA the levers only a GPU shows (pinned memory, decode on
+    the GPU) come right after the start: trials run in this order while the budget lasts, and a
+    model's train step makes each trial cost seconds more."""
     out, skipped = [start], []
     base = start
     if start.files:
@@ -153,6 +155,9 @@ def plan(start: Config, data: Data, cuda: bool, cores: int) -> tuple[list, list]
     elif data.files is not None:
         out.append(start.but(name="raw files (ImageFolder + Pillow)", lever="files",
                              path=data.files, files=True))
+    device = _device_levers(base, cuda, skipped)
+    if cuda:
+        out, device = out + device, []
     for w in worker_counts(cores):
         if w != base.workers:
             out.append(base.but(name=f"workers {w}", lever="workers", workers=w))
@@ -160,7 +165,7 @@ def plan(start: Config, data: Data, cuda: bool, cores: int) -> tuple[list, list]
     out.append(base.but(name=other, lever="execution", execution=other))
     deeper = max(4, 2 * base.prefetch_batches)
     out.append(base.but(name=f"prefetch {deeper}", lever="prefetch", prefetch_batches=deeper))
-    out += _device_levers(base, cuda, skipped)
+    out += device
     out += _data_levers(base, data, skipped)
     if not cuda:
         skipped.append(("model step", "no CUDA device: the step is simulated (--step-ms)"))
@@ -168,21 +173,23 @@ def plan(start: Config, data: Data, cuda: bool, cores: int) -> tuple[list, list]
 
 
 def _device_levers(base: Config, cuda: bool, skipped: list) -> list:
-    """Pinned memory and where images decode."""
+    """Pinned memory and where images decode (the GPU's levers first)."""
     out = []
     if cuda:
         out.append(base.but(name="pinned off" if base.pin else "pinned on", lever="pin",
                             pin=not base.pin))
     else:
         skipped.append(("pin", "pinned memory speeds host-to-GPU copies: no CUDA device here"))
+    if cuda and base.decode == "gpu":  # the start decodes there already: the other way
+        out.append(base.but(name="decode on CPU", lever="decode", decode="cpu"))
+    elif cuda and base.decode != "none":
+        out.append(base.but(name="decode on GPU", lever="decode", decode="gpu"))
+    elif base.decode != "none":
+        skipped.append(("decode on GPU", "nvJPEG needs a CUDA device: none here"))
     if base.decode in ("cpu", "cpu-whole"):
         other = "cpu-whole" if base.decode == "cpu" else "cpu"
         out.append(base.but(name="decode whole" if other == "cpu-whole" else "decode region",
                             lever="decode", decode=other))
-    if cuda and base.decode != "none":
-        out.append(base.but(name="decode on GPU", lever="decode", decode="gpu"))
-    elif base.decode != "none":
-        skipped.append(("decode on GPU", "nvJPEG needs a CUDA device: none here"))
     return out
 
 

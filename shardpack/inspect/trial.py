@@ -125,13 +125,34 @@ def model_step(config: Config):
     optim = torch.optim.SGD(net.parameters(), lr=0.01)
 
     def step(batch):
+        images = batch["image"]
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(net(batch["image"]),
-                                                     batch["cls"].long() % 1000)
+            loss = torch.nn.functional.cross_entropy(net(images), labels(batch, images))
         loss.backward()
         optim.step()
         optim.zero_grad(set_to_none=True)
     return step
+
+
+def labels(batch: dict, images):
+    """The batch's classes as the loss's targets, on the images' device; zeros where the data
+    has no class field (the step costs the same: the sweep times it, it does not train)."""
+    from shardpack.loader.torchenv import torch
+
+    cls = batch.get("cls")
+    if not isinstance(cls, torch.Tensor) or cls.shape != images.shape[:1] \
+            or cls.is_floating_point():
+        return torch.zeros(images.shape[0], dtype=torch.long, device=images.device)
+    return cls.to(images.device, dtype=torch.long, non_blocking=True) % 1000
+
+
+def settle(config: Config) -> None:
+    """Wait for the steps queued on CUDA: the host runs ahead of the device (no step reads its
+    loss), so the measured part ends when its last step has run, not when it was queued."""
+    if config.model:
+        from shardpack.loader.torchenv import torch
+
+        torch.cuda.synchronize()
 
 
 def measure(config: Config, seconds: float, warmup: int = 2) -> dict:
@@ -178,6 +199,7 @@ def measure(config: Config, seconds: float, warmup: int = 2) -> dict:
         epoch += 1
         if count == 0:
             raise RuntimeError(f"{config.path}: the pipeline gave no batch")
+    settle(config)
     end = time.perf_counter()
     idle = loader.idle()
     usage.stop(end)

@@ -124,6 +124,12 @@ def test_levers_that_cannot_run_here_are_listed_not_measured(tmp_path):
                                                "remote cache and prefetch", "model step"}
     on_gpu, _ = plan(start, Data(str(ds), None, str(tmp_path)), cuda=True, cores=4)
     assert {"gpu"} <= {c.decode for c in on_gpu} and any(not c.pin for c in on_gpu)
+    # on CUDA the GPU's levers run right after the start: a short budget still measures them
+    assert [c.name for c in on_gpu[1:3]] == ["pinned off", "decode on GPU"]
+    from_gpu, _ = plan(start.but(decode="gpu"), Data(str(ds), None, str(tmp_path)), cuda=True,
+                       cores=4)
+    assert [(c.name, c.decode) for c in from_gpu if c.lever == "decode"] == [("decode on CPU",
+                                                                              "cpu")]
 
 
 def _run(rate: float, wait: float, cores: float, stages: dict | None = None) -> dict:
@@ -173,3 +179,18 @@ def test_sweep_refuses_what_it_cannot_measure(tmp_path):
     assert SweepOptions().budget == 120
     with pytest.raises(ShardpackError, match="--budget"):
         SweepOptions(budget=1)
+
+
+def test_model_step_targets_are_the_classes_or_zeros():
+    """--model's loss targets: the batch's classes (any integer dtype) as int64 on the images'
+    device, wrapped into the model's 1000; zeros where the data has no usable class field."""
+    import torch
+
+    from shardpack.inspect.trial import labels
+
+    images = torch.zeros(3, 3, 8, 8)
+    got = labels({"cls": torch.tensor([1, 2, 1001], dtype=torch.int32)}, images)
+    assert got.dtype == torch.int64 and got.tolist() == [1, 2, 1]
+    for batch in ({}, {"cls": ["a", "b", "c"]}, {"cls": torch.zeros(2, dtype=torch.int64)},
+                  {"cls": torch.zeros(3)}):
+        assert labels(batch, images).tolist() == [0, 0, 0]

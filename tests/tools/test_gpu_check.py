@@ -1,5 +1,6 @@
 """scripts/gpu_check.py, where it can run without a GPU: the CPU smoke run of every section
-(DeviceLoader's host-clock timing, a stand-in decoder), each image generator, sections that fail
+(DeviceLoader's host-clock timing, a stand-in decoder; the sweep with a simulated step), the sweep
+row's checks on CUDA-shaped figures, each image generator, sections that fail
 alone (--inject-failure), the idle share taken from ``DeviceLoader.idle()`` (made-up figures, and
 a real loader over batches slower than the step), and the one-line refusal of the GPU run without
 CUDA.  The GPU run itself needs a CUDA machine (docs/device.md, "GPU checks")."""
@@ -80,10 +81,10 @@ def _smoke(tmp_path, *args: str, env: dict | None = None, ok: bool = True):
 def test_cpu_smoke_runs_every_section(tmp_path):
     head, rows, feeds, data, proc, took = _smoke(tmp_path, "--synthetic")
     loaders = [f"loader.{f}.{w}" for w in (2, 4, 12) for f in ("cpu", "gpu")]
-    assert list(rows) == ["data", "decode", "nvjpeg", "model", *loaders, "errors", "transfer",
-                          "tests"]
+    assert list(rows) == ["data", "decode", "nvjpeg", "model", *loaders, "errors", "sweep",
+                          "transfer", "tests"]
     assert not any(r.startswith(("FAILED", "skipped")) for _, r in rows.values()), rows
-    assert took < 60
+    assert took < 90
     assert rows["decode"][1].startswith("PASS: mean abs diff ")
     assert "status 3 BAD_JPEG" in rows["errors"][1] and "with a C++ backtrace" in rows["errors"][1]
     assert rows["tests"][1].endswith("(smoke: collected, not run)")
@@ -105,6 +106,15 @@ def test_cpu_smoke_runs_every_section(tmp_path):
             assert f["loader_idle"]["epoch_starts"] == 2 and f["loader_idle"]["timing"] == "host"
     assert len(data["answer"]) == 4 and data["answer"][0].startswith("* 2 workers: GPU idle ")
     assert data["failed"] == [] and data["smoke"] is True
+    # the sweep: bench --sweep in a process of its own, its table and figures in the JSON report
+    check, result = rows["sweep"]
+    assert check.startswith("shardpack bench --sweep, a simulated 30 ms step, batch 16, 2 workers")
+    assert result.startswith("use: ") and "start (your options) " in result, result
+    assert "pinned memory and GPU decode not measured (no CUDA)" in result
+    sweep = next(r for r in data["rows"] if r["section"] == "sweep")
+    assert sweep["status"] == "ok" and "start (your options)" in sweep["table"]
+    assert sweep["sweep"]["configurations"][0]["samples_per_s"] > 0
+    assert {"pin", "decode on GPU"} <= {n["lever"] for n in sweep["sweep"]["not_measured"]}
 
 
 @pytest.mark.skipif(not HAS_SKIMAGE, reason="scikit-image (scripts/make_images.py's photos)")
@@ -266,6 +276,36 @@ def test_budget_gives_each_section_its_share_of_what_is_left():
     assert budget.deadline("a") - now == pytest.approx(50, abs=1)
     assert budget.deadline("b") - now == pytest.approx(50, abs=1)  # half of the 100 s left
     assert budget.deadline("c", need=500) is None  # skipped: not enough time left
+
+
+def _figures(*configs, not_measured=()) -> dict:
+    """``bench --sweep --json``'s figures, as far as the sweep row reads them."""
+    out = []
+    for name, lever, decode, error in configs:
+        entry = dict(name=name, lever=lever, config=dict(decode=decode), error=error)
+        if error is None:
+            entry.update(samples_per_s=1000.0, wait_fraction=0.02, timing="cuda-events")
+        out.append(entry)
+    return dict(configurations=out, not_measured=[dict(lever=n, why=w) for n, w in not_measured],
+                bound=dict(kind="the training step (data keeps up)"), elapsed_s=41.0,
+                recommendation=dict(name=configs[0][0], code="ds = ..."))
+
+
+def test_sweep_row_on_cuda_needs_pinned_memory_and_gpu_decode_measured():
+    start = ("start (your options)", "start", "cpu", None)
+    pin, gpu = ("pinned off", "pin", "cpu", None), ("decode on GPU", "decode", "gpu", None)
+    row = gc_mod.sweep_result(_figures(start, pin, gpu), cuda=True)
+    assert row.startswith("use: start (your options); the start bound by the training step")
+    assert "decode on GPU 1,000/s wait 2.0%" in row and "cuda-events timing" in row
+    assert "pinned off and decode on GPU measured" in row
+    late = [("decode on GPU", "no time left in the 30 s budget (give a larger --budget)")]
+    with pytest.raises(AssertionError, match=r"not measured on CUDA: decode on GPU \(no time"):
+        gc_mod.sweep_result(_figures(start, pin, not_measured=late), cuda=True)
+    broken = ("decode on GPU", "decode", "gpu", "RuntimeError: nvJPEG failed")
+    with pytest.raises(AssertionError, match="1 configuration.s. failed: decode on GPU: Runt"):
+        gc_mod.sweep_result(_figures(start, pin, broken), cuda=True)
+    with pytest.raises(AssertionError, match="measured without CUDA"):
+        gc_mod.sweep_result(_figures(start, gpu), cuda=False)
 
 
 def test_cause_is_one_line_without_the_cpp_backtrace():
