@@ -144,8 +144,9 @@ def resize_side(size: int) -> int:
 
 def plan(start: Config, data: Data, cuda: bool, cores: int) -> tuple[list, list]:
     """The single-lever configurations (the starting point first) and the levers not measured
-    here, each ``(lever, why)``.  On CUDA the levers only a GPU shows (pinned memory, decode on
-    the GPU) come right after the start: trials run in this order while the budget lasts, and a
+    here, each ``(lever, why)``.  Trials run in this order while the budget lasts, so the levers
+    that matter most where they apply come right after the start: for remote data its prefetch
+    and cache; on CUDA the levers only a GPU shows (pinned memory, decode on the GPU), since a
     model's train step makes each trial cost seconds more."""
     out, skipped = [start], []
     base = start
@@ -155,6 +156,7 @@ def plan(start: Config, data: Data, cuda: bool, cores: int) -> tuple[list, list]
     elif data.files is not None:
         out.append(start.but(name="raw files (ImageFolder + Pillow)", lever="files",
                              path=data.files, files=True))
+    out += _remote_levers(base, data, skipped)
     device = _device_levers(base, cuda, skipped)
     if cuda:
         out, device = out + device, []
@@ -166,7 +168,7 @@ def plan(start: Config, data: Data, cuda: bool, cores: int) -> tuple[list, list]
     deeper = max(4, 2 * base.prefetch_batches)
     out.append(base.but(name=f"prefetch {deeper}", lever="prefetch", prefetch_batches=deeper))
     out += device
-    out += _data_levers(base, data, skipped)
+    out += _resize_lever(base, data, skipped)
     if not cuda:
         skipped.append(("model step", "no CUDA device: the step is simulated (--step-ms)"))
     return out, skipped
@@ -193,23 +195,25 @@ def _device_levers(base: Config, cuda: bool, skipped: list) -> list:
     return out
 
 
-def _data_levers(base: Config, data: Data, skipped: list) -> list:
-    """Pack-time resize, and remote prefetch and cache."""
-    out = []
+def _resize_lever(base: Config, data: Data, skipped: list) -> list:
+    """Pack-time resize, measured on a sample packed resized."""
     if data.resized is not None:
-        out.append(base.but(name=f"pack --resize {data.resize_side}", lever="resize",
-                            path=data.resized))
-    elif data.files is None:
+        return [base.but(name=f"pack --resize {data.resize_side}", lever="resize",
+                         path=data.resized)]
+    if data.files is None:
         skipped.append(("pack-time resize", "needs the raw files: give --files TREE"))
-    if data.remote:
-        for p in (2, 8):
-            if p != base.prefetch_shards:
-                out.append(base.but(name=f"prefetch_shards {p}", lever="prefetch_shards",
-                                    prefetch_shards=p))
-        out.append(base.but(name="cache (cold)", lever="cache", cache_dir="cold"))
-        out.append(base.but(name="cache (cached)", lever="cache", cache_dir="cached"))
-    else:
+    return []
+
+
+def _remote_levers(base: Config, data: Data, skipped: list) -> list:
+    """Remote data: shards fetched ahead, and a local cache cold then cached."""
+    if not data.remote:
         skipped.append(("remote cache and prefetch", "the data is local"))
+        return []
+    out = [base.but(name=f"prefetch_shards {p}", lever="prefetch_shards", prefetch_shards=p)
+           for p in (2, 8) if p != base.prefetch_shards]
+    out.append(base.but(name="cache (cold)", lever="cache", cache_dir="cold"))
+    out.append(base.but(name="cache (cached)", lever="cache", cache_dir="cached"))
     return out
 
 
@@ -240,11 +244,13 @@ def combine(measured: list, cores: int) -> list[Config]:
         tuned = tuned.but(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Config)
                              if getattr(config, f.name) != getattr(base.config, f.name)
                              and f.name not in ("name", "lever")})
+    names = [c.name for _, c in best.values()]
     if cached is not None and summary(cached)["samples_per_s"] >= floor:
         tuned = tuned.but(cache_dir="cached")
-    if tuned == base.config and not best:
+        names.append("cached")
+    if tuned == base.config:
         return []
-    names = ", ".join(c.name for _, c in best.values()) or "as the start"
+    names = ", ".join(names)
     known = {dataclasses.replace(m.config, name="", lever="") for m in measured}
     out = []
     for w in worker_counts(cores):
