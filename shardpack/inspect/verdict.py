@@ -128,27 +128,29 @@ def lines(sweep) -> list[str]:
     """The report: the table, what was not measured, the bound and the recommendation."""
     start = summary(sweep.measured[0]) if sweep.measured[0].runs else {}
     rate0 = start.get("samples_per_s")
-    head = (f"{'configuration':<34} {'samples/s':>10} {'wait':>6} {'bound (busy)':>22} "
+    w = min(60, max([len("configuration")] + [len(m.config.name) for m in sweep.measured]
+                    + [len(lever) for lever, _ in sweep.not_measured]))
+    head = (f"{'configuration':<{w}} {'samples/s':>10} {'wait':>6} {'bound (busy)':>22} "
             f"{'cores':>5} {'peak MB':>8} {'vs start':>8}  batches, spread")
     out = [f"sweep: a {sweep.step_ms:g} ms step, {sweep.cores} cores, {sweep.elapsed_s:.0f} s "
            f"(budget {sweep.budget_s:.0f} s); wait = the device's idle share between steps "
            f"({start.get('timing', 'host')} timing)", "", head, "-" * len(head)]
     for m in sweep.measured:
-        name = m.config.name[:34]
+        name = m.config.name[:w]
         if m.error is not None and not m.runs:
-            out.append(f"{name:<34} failed: {m.error}")
+            out.append(f"{name:<{w}} failed: {m.error}")
             continue
         f = summary(m)
         b = bound(f, sweep.cores)
         busy = b["stage"] if b["share"] is None else f"{b['stage']} {100 * b['share']:.0f}%"
         ratio = f"{f['samples_per_s'] / rate0:.2f}x" if rate0 else "-"
         spread = (f"{f['spread'][0]:,.0f}-{f['spread'][1]:,.0f}/s" if f["spread"] else "-")
-        out.append(f"{name:<34} {f['samples_per_s']:>10,.0f} "
+        out.append(f"{name:<{w}} {f['samples_per_s']:>10,.0f} "
                    f"{100 * (f['wait_fraction'] or 0):>5.1f}% {busy:>22} "
                    f"{_num(f['cores'], '.1f'):>5} {_num(_mb(f['peak_bytes']), ',.0f'):>8} "
                    f"{ratio:>8}  {f['batches']} in {f['trials']} trials, {spread}")
     for lever, why in sweep.not_measured:
-        out.append(f"{lever:<34} not measured: {why}")
+        out.append(f"{lever:<{w}} not measured: {why}")
     out.append("")
     if start:
         b = bound(start, sweep.cores)
