@@ -20,7 +20,8 @@ import numpy as np
 
 from shardpack.core.errors import DecodeError, DeviceError
 from shardpack.loader.torchenv import torch
-from shardpack.transforms.decode import JPEG_MAGIC, decode_image
+from shardpack.images.registry import claimed_codec
+from shardpack.transforms.decode import decode_image
 from shardpack.transforms.spec import SampleRandom, TransformSpec, plan_crop
 
 MIN_TORCHVISION = (0, 20)  # decode_jpeg(list, device="cuda") decodes a batch in one call from 0.20
@@ -76,8 +77,10 @@ class Route:
 def route(raw) -> Route:
     """Read the header only.  JPEGs in Gray/RGB/YCbCr go to the GPU; CMYK and YCCK JPEGs, other
     formats and unreadable headers go to the CPU, which decodes or names what is wrong."""
-    if bytes(raw[:2]) != JPEG_MAGIC:
-        return Route(False, reason="not a JPEG")
+    codec = claimed_codec(raw)
+    if codec is None or not codec.nvjpeg:
+        return Route(False, reason=f"{codec.name if codec else 'not an image'}: nvJPEG does "
+                                   "not decode it")
     import simplejpeg
 
     from shardpack.images.content import check_size

@@ -57,7 +57,7 @@ def test_route_sends_cmyk_other_formats_and_bad_headers_to_cpu():
     cmyk = route(np.frombuffer(ramp_photo(2, 20, 10, mode="CMYK"), np.uint8))
     assert not cmyk.gpu and "CMYK" in cmyk.reason
     png = route(np.frombuffer(ramp_photo(3, 20, 10, "PNG"), np.uint8))
-    assert not png.gpu and png.reason == "not a JPEG"
+    assert not png.gpu and png.reason == "PNG: nvJPEG does not decode it"
     from PIL import Image
 
     limit = Image.MAX_IMAGE_PIXELS
