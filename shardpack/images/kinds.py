@@ -4,7 +4,7 @@ bytes, not the field name, decide an image's format)."""
 
 from __future__ import annotations
 
-from shardpack.images.registry import claimed_codec, codec_for_extension, extensions, sniff_codec
+from shardpack.images.registry import claimed_codec, codec_for_field, extensions, sniff_codec
 
 IMAGE_WORDS = ("image", "img")  # image fields that do not name a format (Parquet/HF image columns)
 IMAGE_EXTENSIONS = extensions()  # extension -> format name, from the codecs
@@ -13,10 +13,9 @@ IMAGE_EXTENSIONS = extensions()  # extension -> format name, from the codecs
 def image_format(field: str) -> str | None:
     """Format named by the field's last dot-separated part ("JPEG", "PNG", ...), "" for a generic
     image field (format unknown: sniff the bytes), None for a field that is not an image."""
-    last = field.rsplit(".", 1)[-1].lower()
-    if last in IMAGE_WORDS:
+    if field.rsplit(".", 1)[-1].lower() in IMAGE_WORDS:
         return ""
-    codec = codec_for_extension(last)
+    codec = codec_for_field(field)
     return codec.name if codec is not None else None
 
 

@@ -9,10 +9,11 @@ from shardpack.images.formats.bmp import BMP
 from shardpack.images.formats.gif import GIF
 from shardpack.images.formats.jpeg import JPEG
 from shardpack.images.formats.png import PNG
+from shardpack.images.formats.raw import RAW
 from shardpack.images.formats.tiff import TIFF
 from shardpack.images.formats.webp import WEBP
 
-CODECS: tuple[Codec, ...] = (JPEG, PNG, GIF, TIFF, WEBP, BMP)  # sniffed in this order
+CODECS: tuple[Codec, ...] = (JPEG, PNG, GIF, TIFF, WEBP, BMP, RAW)  # sniffed in this order
 
 _BY_NAME = {codec.name: codec for codec in CODECS}
 _BY_EXTENSION = {ext: codec for codec in CODECS for ext in codec.extensions}
@@ -26,6 +27,17 @@ def codec_named(name: str) -> Codec:
 def codec_for_extension(extension: str) -> Codec | None:
     """The codec a file extension (or a field name's last part) names, any case; None."""
     return _BY_EXTENSION.get(extension.lower())
+
+
+def codec_for_field(field: str) -> Codec | None:
+    """The codec a field name names: a longer suffix first (``x.rgb.npy``: raw pixels), else its
+    last dot-separated part as an extension; None for a field that names no image format."""
+    lowered = field.lower()
+    for codec in CODECS:
+        for suffix in codec.suffixes:
+            if lowered == suffix or lowered.endswith("." + suffix):
+                return codec
+    return codec_for_extension(lowered.rsplit(".", 1)[-1])
 
 
 def sniff_codec(data) -> Codec | None:

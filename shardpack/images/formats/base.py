@@ -24,21 +24,27 @@ class Codec:
     Attributes:
         name: the format's name, as Pillow spells it (``"JPEG"``).
         extensions: file extensions (lower case, no dot) naming it.
+        suffixes: longer field-name endings naming it (``"rgb.npy"``), where the last part
+            alone (``npy``) also names other data.
         magics: byte strings the file starts with.
         reencodes: ``pack --resize`` shrinks and re-encodes it (else it passes through).
         nvjpeg: nvJPEG can decode it on the GPU.
         region: the CPU decode can take only a crop's region at a DCT scale (the JPEG path of
             :mod:`shardpack.transforms.decode`).
         pillow: Pillow decodes it (the default decode).
+        stored_pixels: the bytes hold the pixels themselves (:meth:`layout` says where): the GPU
+            path copies them up, no decode.
     """
 
     name = ""
     extensions: tuple = ()
+    suffixes: tuple = ()  # field names ending with these (two parts: "rgb.npy") name it too
     magics: tuple = ()
     reencodes = False
     nvjpeg = False
     region = False
     pillow = True
+    stored_pixels = False
 
     def __repr__(self) -> str:
         return f"<codec {self.name}>"
@@ -85,6 +91,11 @@ class Codec:
     def encode(self, image, quality: int = 90) -> bytes:
         """A Pillow image (thumbnails, sheets, converted pixels) in this format."""
         return self.reencode(image, quality, {})
+
+    def layout(self, data) -> tuple[int, int, int]:
+        """(height, width, offset) of stored uint8 RGB pixels (:attr:`stored_pixels` formats);
+        ValueError where the bytes do not hold exactly that."""
+        raise ValueError(f"{self.name} stores encoded pixels")
 
 
 def pillow_rgb(data: bytes, fmt: str, min_side: int, max_pixels: int | None, draft: bool):
