@@ -116,7 +116,7 @@ class Manifest:
     hidden: int | None = None
     group: str | None = None
     ignored: int | None = None
-    preprocessing: Mapping[str, int] | None = None
+    preprocessing: Mapping[str, int | str] | None = None
     part: Part | None = None
     merged_from: int | None = None
     source: Mapping | None = None

@@ -172,7 +172,8 @@ PACK_LAYOUTS = ("imagefolder", "files", "listing")                # pack's walk 
 
 def _check_notes(manifest: dict, path: str | None) -> None:
     """The informational keys, when present: ``hidden``/``ignored`` counts, ``skipped`` counts
-    by reason, ``preprocessing`` null or ``{"resize": N, "quality": Q}``."""
+    by reason, ``preprocessing`` null or ``{"resize": N, "quality": Q, "pixels": F}`` (each
+    part optional)."""
     for key in ("hidden", "ignored"):
         if key in manifest and not is_count(manifest[key]):
             raise FormatError(f"manifest {key!r} must be a non-negative integer, found "
@@ -190,10 +191,25 @@ def _check_notes(manifest: dict, path: str | None) -> None:
                           f"\"{SKIPS_NAME}\", \"entries\": N, \"bytes\": B}}, found "
                           f"{report!r}"[:300], path=path)
     pre = manifest.get("preprocessing")
-    if pre is not None and not (isinstance(pre, dict) and is_count(pre.get("resize"))
-                                and pre["resize"] > 0 and is_count(pre.get("quality"))):
+    if pre is not None and not _is_preprocessing(pre):
         raise FormatError(f"manifest 'preprocessing' must be null or {{\"resize\": N, "
-                          f"\"quality\": Q}} (integers, N > 0), found {pre!r}"[:300], path=path)
+                          f"\"quality\": Q, \"pixels\": \"raw\" or \"auto:B\"}} (each part "
+                          f"optional; integers, N > 0), found {pre!r}"[:300], path=path)
+
+
+def _is_preprocessing(pre) -> bool:
+    """``{"resize": N, "quality": Q}`` (both or neither) and ``"pixels"`` (``raw``, ``auto:B``),
+    at least one of them."""
+    if not isinstance(pre, dict) or not pre or set(pre) - {"resize", "quality", "pixels"}:
+        return False
+    if ("resize" in pre) != ("quality" in pre):
+        return False
+    if "resize" in pre and not (is_count(pre["resize"]) and pre["resize"] > 0
+                                and is_count(pre["quality"])):
+        return False
+    pixels = pre.get("pixels", "raw")
+    return isinstance(pixels, str) and (pixels == "raw" or (
+        pixels.startswith("auto:") and pixels[5:].isdigit()))
 
 
 def _check_layout(manifest: dict, path: str | None) -> None:

@@ -4,22 +4,19 @@ bytes, not the field name, decide an image's format)."""
 
 from __future__ import annotations
 
-IMAGE_EXTENSIONS = {"jpg": "JPEG", "jpeg": "JPEG", "jpe": "JPEG", "jfif": "JPEG", "png": "PNG",
-                    "webp": "WEBP", "gif": "GIF", "bmp": "BMP", "tif": "TIFF", "tiff": "TIFF"}
+from shardpack.images.registry import claimed_codec, codec_for_field, extensions, sniff_codec
+
 IMAGE_WORDS = ("image", "img")  # image fields that do not name a format (Parquet/HF image columns)
-
-MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"),
-         (b"GIF89a", "GIF"), (b"II*\0", "TIFF"), (b"MM\0*", "TIFF"), (b"II+\0", "TIFF"),
-         (b"MM\0+", "TIFF"))
-
-BMP_HEADERS = (12, 40, 52, 56, 64, 108, 124)  # the DIB header sizes BMP writers use
+IMAGE_EXTENSIONS = extensions()  # extension -> format name, from the codecs
 
 
 def image_format(field: str) -> str | None:
     """Format named by the field's last dot-separated part ("JPEG", "PNG", ...), "" for a generic
     image field (format unknown: sniff the bytes), None for a field that is not an image."""
-    last = field.rsplit(".", 1)[-1].lower()
-    return "" if last in IMAGE_WORDS else IMAGE_EXTENSIONS.get(last)
+    if field.rsplit(".", 1)[-1].lower() in IMAGE_WORDS:
+        return ""
+    codec = codec_for_field(field)
+    return codec.name if codec is not None else None
 
 
 def is_image_field(field: str) -> bool:
@@ -37,16 +34,8 @@ def sniff(data) -> str | None:
     Args:
         data: the image file's bytes (the first 18 are read).
     """
-    head = bytes(data[:18])
-    for magic, fmt in MAGIC:
-        if head.startswith(magic):
-            return fmt
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "WEBP"
-    # "BM" alone is too weak (text may start so): also require a known DIB header size
-    if head[:2] == b"BM" and int.from_bytes(head[14:18], "little") in BMP_HEADERS:
-        return "BMP"
-    return None
+    codec = sniff_codec(data)
+    return codec.name if codec is not None else None
 
 
 def content_format(data) -> str | None:
@@ -60,16 +49,11 @@ def content_format(data) -> str | None:
 
 
 def sniffed_kind(data: bytes) -> str | None:
-    """The format whose structural check applies: the sniffed one; a JPEG start-of-image followed
-    by garbage is a corrupt JPEG, and a cut-off signature a truncated image, not "other data"."""
-    found = sniff(data)
-    if found or data[:2] == b"\xff\xd8":
-        return found or "JPEG"
-    if 2 <= len(data) < 18:
-        for magic, fmt in MAGIC + ((b"BM", "BMP"), (b"RIFF", "WEBP")):
-            if data[:len(magic)] == magic[:len(data)]:
-                return fmt
-    return None
+    """The format whose structural check applies (:func:`~shardpack.images.registry.claimed_codec`:
+    a JPEG start-of-image followed by garbage is a corrupt JPEG, and a cut-off signature a
+    truncated image, not "other data")."""
+    codec = claimed_codec(data)
+    return codec.name if codec is not None else None
 
 
 _CONTENT = ((b"%PDF", "is a PDF document"), (b"PK\x03\x04", "is a ZIP archive"),

@@ -66,8 +66,25 @@ class DatasetInfo:
             rows.append(("skipped", ", ".join(f"{v} {k}" for k, v in m.skipped.items()) + named))
         if m.ignored:
             rows.append(("ignored", f"{m.ignored:,} files neither images nor sidecars"))
+        if m.preprocessing:
+            rows.append(("images", preprocessing_line(m.preprocessing)))
         out = [f"{name:<9} {value}" for name, value in rows]
         return out + (self.stats.lines() if self.stats is not None else [])
+
+
+def preprocessing_line(done) -> str:
+    """What the pack did to the images (the manifest's ``preprocessing``), in words."""
+    parts = []
+    if done.get("resize"):
+        parts.append(f"resized to a shorter side of {done['resize']} px (quality "
+                     f"{done.get('quality')})")
+    pixels = done.get("pixels")
+    if pixels == "raw":
+        parts.append("stored as raw RGB pixels (rgb.npy)")
+    elif pixels:
+        parts.append(f"stored as raw RGB pixels (rgb.npy) where at most "
+                     f"{int(pixels[5:]):,} bytes, else as they came")
+    return "; ".join(parts)
 
 
 def dataset_info(dataset, *, storage_options: dict | None = None, stats: bool = False,

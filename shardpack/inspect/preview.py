@@ -19,7 +19,6 @@ image drawn with its key and label (docs/preview.md).  Pillow only; no torch.
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ import numpy as np
 
 from shardpack.core.deprecation import keyword_only
 from shardpack.core.errors import DecodeError, ShardpackError
+from shardpack.images.formats.png import PNG
 from shardpack.images.headers import header_info
 from shardpack.images.content import decode_rgb
 from shardpack.read.reader import DatasetReader
@@ -321,9 +321,7 @@ def preview(dataset, out, opts: PreviewOptions = PreviewOptions(), *,
     if opts.html:
         data = html_page(cells, opts, title).encode("utf-8")
     else:
-        buf = io.BytesIO()
-        draw_sheet(cells, opts, title).save(buf, "PNG")
-        data = buf.getvalue()
+        data = PNG.encode(draw_sheet(cells, opts, title))
     out = os.fspath(out)
     _write(out, data)
     return PreviewSummary(out, len(cells), info["read"], info["bytes"],

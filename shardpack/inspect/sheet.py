@@ -8,12 +8,12 @@ from __future__ import annotations
 import base64
 import functools
 import html
-import io
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shardpack.core.sizes import human
+from shardpack.images.formats.jpeg import JPEG
 
 if TYPE_CHECKING:
     from shardpack.inspect.preview import PreviewOptions
@@ -197,9 +197,8 @@ def html_page(cells: list[Cell], opts: PreviewOptions, title: str) -> str:
              f"</head><body><h1>{esc(title)}</h1>", '<div class="grid">']
     for cell in cells:
         if cell.thumb is not None:
-            buf = io.BytesIO()
-            cell.thumb.save(buf, "JPEG", quality=85)
-            uri = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+            uri = ("data:image/jpeg;base64,"
+                   + base64.b64encode(JPEG.encode(cell.thumb, quality=85)).decode("ascii"))
             w, h = cell.thumb.size
             body = (f'<div class="img"><img src="{uri}" width="{w}" height="{h}" '
                     f'alt="{esc(cell.key)}"></div>')

@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 
 from shardpack import format as fmt
+from shardpack.interop.pixelsout import AsStored, RawAsPng, pixels_writer
 from shardpack.core.errors import (OVERWRITE, RESUME, FileSystemError, PackError,
                                    ShardpackError, SourceError)
 from shardpack.core.sizes import parse_size
@@ -86,7 +87,8 @@ class _NotInteger(Exception):
 
 
 def export(dataset, out, *, to: str, storage_options: dict | None = None,
-           shard_size="256MB", overwrite: bool = False, progress: bool = False) -> ExportSummary:
+           shard_size="256MB", overwrite: bool = False, progress: bool = False,
+           pixels_as: str = "npy") -> ExportSummary:
     """Write the dataset at ``dataset`` to ``out`` as ``to``; returns an :class:`ExportSummary`.
 
     Args:
@@ -97,17 +99,20 @@ def export(dataset, out, *, to: str, storage_options: dict | None = None,
         shard_size: where a tar or Parquet file ends (bytes, or a size like "256MB").
         overwrite: replace an earlier export at ``out``.
         progress: show a progress bar.
+        pixels_as: raw-pixel fields (``pack --pixels``) as stored (``"npy"``) or encoded as PNG
+            (``"png"``: ``rgb.npy`` becomes ``png``).
     """
     if to not in EXPORT_FORMATS:
         raise ShardpackError(f"unknown export format {to!r}: expected one of {EXPORT_FORMATS}")
     limit = parse_size(shard_size)
+    field_out = pixels_writer(pixels_as)
     started = time.perf_counter()
     reader = open_reader(dataset, storage_options=storage_options)
     check_shard_names(reader)
     summary = ExportSummary(out=os.fspath(out), to=to)
     try:
         summary = _export(reader, dataset, out, to, storage_options, limit, overwrite, progress,
-                          summary)
+                          summary, field_out)
     except PackError as exc:
         if exc.message.startswith("out of disk space") and RESUME in (exc.hint or ""):
             # Storage.open_atomic's hint is pack's: export has no --resume, it is run again
@@ -124,7 +129,8 @@ def export(dataset, out, *, to: str, storage_options: dict | None = None,
 
 
 def _export(reader, dataset, out, to: str, storage_options: dict | None, limit: int,
-            overwrite: bool, progress: bool, summary: ExportSummary) -> ExportSummary:
+            overwrite: bool, progress: bool, summary: ExportSummary,
+            field_out: AsStored) -> ExportSummary:
     if to == "files":
         if Storage(out, storage_options).local_path() is None:  # unpack writes local files
             raise ShardpackError("--to files writes a local folder", path=os.fspath(out),
@@ -140,10 +146,10 @@ def _export(reader, dataset, out, to: str, storage_options: dict | None, limit: 
         with OutLock(storage, remove=True):
             if to == "files":
                 _export_files(reader, os.fspath(dataset), out, storage_options, overwrite,
-                              progress, summary)
+                              progress, summary, field_out)
             else:
                 summary = _export_formats(reader, storage, to, limit, overwrite, progress,
-                                          summary)
+                                          summary, field_out)
     except BaseException:
         if not existed:  # a failed export leaves no empty OUT behind that it made itself
             with contextlib.suppress(Exception):
@@ -153,13 +159,14 @@ def _export(reader, dataset, out, to: str, storage_options: dict | None, limit: 
 
 
 def _export_formats(reader, storage: Storage, to: str, limit: int, overwrite: bool,
-                    progress: bool, summary: ExportSummary) -> ExportSummary:
+                    progress: bool, summary: ExportSummary,
+                    field_out: AsStored) -> ExportSummary:
     """``webdataset`` or ``parquet``, under OUT's lock."""
     _prepare(storage, overwrite)
     int_cls = "cls" in reader.fields
     while True:
         try:
-            _export_shards(reader, storage, to, limit, int_cls, progress, summary)
+            _export_shards(reader, storage, to, limit, int_cls, progress, summary, field_out)
             break
         except _NotInteger:  # everything written was removed: start over, cls as binary
             int_cls = False
@@ -170,7 +177,7 @@ def _export_formats(reader, storage: Storage, to: str, limit: int, overwrite: bo
 
 
 def _export_shards(reader, storage: Storage, to: str, limit: int, int_cls: bool,
-                   progress: bool, summary: ExportSummary) -> None:
+                   progress: bool, summary: ExportSummary, field_out: AsStored) -> None:
     written: list[str] = []
     bar = None
     if progress:
@@ -179,7 +186,7 @@ def _export_shards(reader, storage: Storage, to: str, limit: int, int_cls: bool,
         bar = tqdm(total=len(reader), unit="sample", desc=f"exporting to {to}",
                    dynamic_ncols=True)
     try:
-        samples = _samples(reader, bar, summary)
+        samples = _samples(reader, bar, summary, field_out)
         if to == "webdataset":
             _write_tar_shards(reader, samples, storage, limit, written, summary)
         else:
@@ -187,7 +194,8 @@ def _export_shards(reader, storage: Storage, to: str, limit: int, int_cls: bool,
         summary.files = len(written)
         marker = {"format": "shardpack-export", "to": to, "dataset": reader.storage.url,
                   "samples": summary.samples, "bytes": summary.bytes, "files": written,
-                  "fields": reader.fields, "classes": fmt.thaw(reader.manifest.classes)}
+                  "fields": sorted({field_out.name(f) for f in reader.fields}),
+                  "classes": fmt.thaw(reader.manifest.classes)}
         storage.write_atomic(MARKER_NAME, fmt.encode_manifest(marker))
     except BaseException:
         with contextlib.suppress(Exception):  # the error that stopped the export is the news
@@ -200,7 +208,7 @@ def _export_shards(reader, storage: Storage, to: str, limit: int, int_cls: bool,
             bar.close()
 
 
-def _samples(reader, bar, summary: ExportSummary):
+def _samples(reader, bar, summary: ExportSummary, field_out: AsStored):
     """Every sample of the dataset in order, one shard in memory at a time; counts them.  A key
     that unpack would refuse (format.unsafe_name_reason: '..', absolute, not UTF-8, ...) is
     refused for every format, before anything of it is written."""
@@ -210,6 +218,8 @@ def _samples(reader, bar, summary: ExportSummary):
             if why:
                 raise ShardpackError(f"sample key cannot be exported: {why}",
                                      path=reader.shard_path(shard), key=sample[fmt.KEY_FIELD])
+            sample = dict(field_out(k, v) if k != fmt.KEY_FIELD else (k, v)
+                          for k, v in sample.items())
             summary.samples += 1
             summary.bytes += sum(len(v) for k, v in sample.items() if k != fmt.KEY_FIELD)
             yield shard, sample
@@ -281,7 +291,8 @@ def _prepare(storage: Storage, overwrite: bool) -> None:
 
 
 def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
-                  overwrite: bool, progress: bool, summary: ExportSummary) -> None:
+                  overwrite: bool, progress: bool, summary: ExportSummary,
+                  field_out: AsStored) -> None:
     """``files``, under OUT's lock (``out`` resolved, local)."""
     from shardpack.interop.unpack import remove_stale, unpack_replacing
 
@@ -303,8 +314,9 @@ def _export_files(reader, dataset: str, out: str, storage_options: dict | None,
     # the tree is built in one hidden work folder beside OUT, which a killed run leaves behind
     # and the next run removes (shardpack/interop/unpack.py, docs/packing.md), then swapped in
     # for OUT, which holds at least the lock file by now (it goes with the old OUT)
+    pixels_as = "png" if isinstance(field_out, RawAsPng) else "npy"
     summary.files = unpack_replacing(dataset, out, storage_options=storage_options,
-                                     progress=progress)
+                                     progress=progress, pixels_as=pixels_as)
 
 
 # ---------------------------------------------------------------------------------------------

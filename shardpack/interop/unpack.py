@@ -24,6 +24,7 @@ import numpy as np
 
 from shardpack import format as fmt
 from shardpack.core.deprecation import keyword_only, renamed
+from shardpack.interop.pixelsout import pixels_writer
 from shardpack.core.errors import FormatError, ShardpackError, UnsafePathError
 from shardpack.interop.workdir import (
     UNMARKED_GRACE_S, WORK_OLD, WORK_OWNER, WORK_TREE, make_work_dir, os_error, owner_record,
@@ -42,7 +43,8 @@ __all__ = ["NAME_MAX", "PATH_MAX", "UNMARKED_GRACE_S", "WORK_OLD", "WORK_OWNER",
 
 @renamed(url="dataset")
 @keyword_only("storage_options", "progress")
-def unpack(dataset, out, *, storage_options: dict | None = None, progress: bool = False) -> int:
+def unpack(dataset, out, *, storage_options: dict | None = None, progress: bool = False,
+           pixels_as: str = "npy") -> int:
     """Write every field of every sample under ``out``; returns the number of files written.
 
     Args:
@@ -50,12 +52,14 @@ def unpack(dataset, out, *, storage_options: dict | None = None, progress: bool 
         out: the output folder (absent, or an empty folder).
         storage_options: fsspec options for a remote dataset.
         progress: show a progress bar.
+        pixels_as: raw-pixel fields (``pack --pixels``) as stored (``"npy"``) or as PNG files
+            (``"png"``).
     """
-    return _unpack(dataset, out, storage_options, progress, replace=False)
+    return _unpack(dataset, out, storage_options, progress, replace=False, pixels_as=pixels_as)
 
 
 def unpack_replacing(url, out, storage_options: dict | None = None,
-                     progress: bool = False) -> int:
+                     progress: bool = False, pixels_as: str = "npy") -> int:
     """:func:`unpack` onto an existing folder ``out`` (``export --to files --overwrite``; the
     caller has checked that it may be replaced): the new tree is built beside it and swapped in
     by two renames when complete; the old tree is then removed.
@@ -65,11 +69,14 @@ def unpack_replacing(url, out, storage_options: dict | None = None,
         out: the folder to replace.
         storage_options: fsspec options for a remote dataset.
         progress: show a progress bar.
+        pixels_as: as :func:`unpack`'s.
     """
-    return _unpack(url, out, storage_options, progress, replace=True)
+    return _unpack(url, out, storage_options, progress, replace=True, pixels_as=pixels_as)
 
 
-def _unpack(url, out, storage_options: dict | None, progress: bool, replace: bool) -> int:
+def _unpack(url, out, storage_options: dict | None, progress: bool, replace: bool,
+            pixels_as: str = "npy") -> int:
+    write_field = pixels_writer(pixels_as)
     reader = DatasetReader(url, storage_options=storage_options)
     check_shard_names(reader)
     out = resolve_out(out)
@@ -85,7 +92,7 @@ def _unpack(url, out, storage_options: dict | None, progress: bool, replace: boo
 
         bar = tqdm(total=len(reader), unit="sample", desc="unpacking")
     try:
-        job = _Job(reader, tree, out)
+        job = _Job(reader, tree, out, write_field)
         _fill(job, bar)
         if replace:
             old = os.path.join(work, WORK_OLD)
@@ -172,8 +179,9 @@ def resolve_out(out) -> str:
 class _Job:
     """What one unpack has written so far under ``root`` (the hidden folder that becomes OUT)."""
 
-    def __init__(self, reader: DatasetReader, root: str, out: str):
+    def __init__(self, reader: DatasetReader, root: str, out: str, field_out=None):
         self.reader, self.root, self.out = reader, root, out
+        self.field_out = field_out or pixels_writer("npy")  # (name, bytes) written for a field
         self.written = 0
         self.made_dirs: set[str] = set()
         self.name_max = _pathconf(root, "PC_NAME_MAX", NAME_MAX)
@@ -302,7 +310,8 @@ def _unpack_shard(job: _Job, shard: int, bar, skip: str | None) -> None:
                               key=_shown(key), hint="run 'shardpack verify'") from None
         for name, off, size in index.sample_fields(row):
             if name != skip:
-                _write_field(job, f"{key}.{name}", payload[off:off + size], key, (shard, row))
+                name, data = job.field_out(name, payload[off:off + size])
+                _write_field(job, f"{key}.{name}", data, key, (shard, row))
         if bar is not None:
             bar.update(1)
 

@@ -20,8 +20,9 @@ from collections.abc import Callable
 import numpy as np
 
 from shardpack.core.errors import DecodeError
+from shardpack.images.registry import region_decodes
 from shardpack.transforms.decode import (
-    JPEG_MAGIC, JpegPlan, decode_image, jpeg_plan, resize_crop,
+    JpegPlan, decode_image, jpeg_plan, resize_crop,
 )
 from shardpack.transforms.spec import SampleRandom, TransformSpec
 
@@ -74,7 +75,7 @@ def _planned(image_of: Callable, i: int, spec: TransformSpec, rnd_of: Callable,
     turn)."""
     try:
         data = image_of(i)
-        if bytes(data[:2]) != JPEG_MAGIC:
+        if not region_decodes(data):
             return None
         plan = jpeg_plan(data, spec, rnd_of(i), max_pixels)
     except DecodeError:

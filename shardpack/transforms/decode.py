@@ -30,17 +30,17 @@ from typing import NamedTuple
 import numpy as np
 
 from shardpack.core.errors import DecodeError
+from shardpack.images.registry import region_decodes
 from shardpack.loader.headstart import HeadStart
 from shardpack.loader.stages import EpochStage
 from shardpack.transforms.spec import (
     Crop, SampleRandom, TransformSpec, crop_box, plan_crop, should_flip, spec_of,
 )
 
-__all__ = ["HEAD_START_WAIT", "JPEG_MAGIC", "CpuDecode", "CropOptions", "JpegPlan", "SampleRandom",
+__all__ = ["HEAD_START_WAIT", "CpuDecode", "CropOptions", "JpegPlan", "SampleRandom",
            "TransformSpec", "crop_box", "decode_image", "image_batch", "image_items", "jpeg_plan",
            "reference_decode", "resize_crop", "should_flip"]
 
-JPEG_MAGIC = b"\xff\xd8"
 CropOptions = TransformSpec  # the crop options' older name: the spec holds them now
 
 
@@ -67,7 +67,7 @@ def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
     from shardpack.images.content import decode_rgb
 
     plan = size = crop = None
-    if bytes(data[:2]) == JPEG_MAGIC:
+    if region_decodes(data):
         plan, size, crop = _jpeg_crop(data, opts, rnd, max_pixels)
     if crop is None:
         pixels = decode_rgb(data, max_pixels=max_pixels)  # DecodeError naming what is wrong

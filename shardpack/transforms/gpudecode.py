@@ -20,7 +20,9 @@ import numpy as np
 
 from shardpack.core.errors import DecodeError, DeviceError
 from shardpack.loader.torchenv import torch
-from shardpack.transforms.decode import JPEG_MAGIC, decode_image
+from shardpack.images.content import check_size
+from shardpack.images.registry import claimed_codec
+from shardpack.transforms.decode import decode_image
 from shardpack.transforms.spec import SampleRandom, TransformSpec, plan_crop
 
 MIN_TORCHVISION = (0, 20)  # decode_jpeg(list, device="cuda") decodes a batch in one call from 0.20
@@ -66,21 +68,30 @@ def check_torchvision(version: str) -> None:
 
 @dataclass(frozen=True)
 class Route:
-    """Where one image decodes: ``gpu`` (a JPEG nvJPEG takes) or ``cpu`` with the reason."""
+    """Where one image decodes: ``gpu`` (a JPEG nvJPEG takes, or stored pixels copied up as they
+    are: ``pixels_at`` their offset) or ``cpu`` with the reason."""
     gpu: bool
     height: int = 0
     width: int = 0
     reason: str = ""
+    pixels_at: int | None = None
 
 
 def route(raw) -> Route:
     """Read the header only.  JPEGs in Gray/RGB/YCbCr go to the GPU; CMYK and YCCK JPEGs, other
     formats and unreadable headers go to the CPU, which decodes or names what is wrong."""
-    if bytes(raw[:2]) != JPEG_MAGIC:
-        return Route(False, reason="not a JPEG")
+    codec = claimed_codec(raw)
+    if codec is not None and codec.stored_pixels:  # no decode: copied to the device as they are
+        try:
+            height, width, offset = codec.layout(raw)
+            check_size(width, height)
+        except (ValueError, DecodeError) as exc:
+            return Route(False, reason=getattr(exc, "message", str(exc)))
+        return Route(True, height, width, pixels_at=offset)
+    if codec is None or not codec.nvjpeg:
+        return Route(False, reason=f"{codec.name if codec else 'not an image'}: nvJPEG does "
+                                   "not decode it")
     import simplejpeg
-
-    from shardpack.images.content import check_size
 
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(raw)
@@ -260,7 +271,8 @@ class GpuDecoder:
         n, size = len(ids), self.spec.size
         raws = [data[offsets[i]:offsets[i + 1]] for i in range(n)]
         routes = [route(r.numpy()) for r in raws]
-        on_gpu = [i for i in range(n) if routes[i].gpu]
+        on_gpu = [i for i in range(n) if routes[i].gpu and routes[i].pixels_at is None]
+        stored = [i for i in range(n) if routes[i].pixels_at is not None]
         cpu = {i: routes[i].reason for i in range(n) if not routes[i].gpu}
 
         def rnd(i: int) -> SampleRandom | None:  # fresh each time: it counts its draws
@@ -268,6 +280,13 @@ class GpuDecoder:
 
         canvas = torch.empty((n, 3, size, size), dtype=torch.float32, device=self.device)
         flips = [False] * n
+        for i in stored:  # raw pixels: one copy up (from pinned memory), the same crop and resize
+            r = routes[i]
+            host = raws[i][r.pixels_at:r.pixels_at + r.height * r.width * 3]
+            if self.device.type == "cuda":
+                host = host.pin_memory()  # a pageable non_blocking copy would block
+            image = host.view(r.height, r.width, 3).to(self.device, non_blocking=True)
+            flips[i] = self._crop_into(canvas, i, image.permute(2, 0, 1), rnd(i))
         if on_gpu:
             sizes = [(routes[i].height, routes[i].width) for i in on_gpu]
             encoded = [raws[i] for i in on_gpu]

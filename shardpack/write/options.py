@@ -25,6 +25,7 @@ from shardpack.core.options import check_fields, flag_of, from_keywords, keyword
 from shardpack.core.sizes import parse_size
 from shardpack.format import COMPRESSIONS, SHARD_FORMATS, codec_for
 from shardpack.write.engine import ENGINES, check_engine
+from shardpack.write.pixels import parse_pixels
 from shardpack.write.samples import GROUPS, LAYOUTS
 
 DEFAULT_MAX_SAMPLES = 100_000
@@ -130,6 +131,13 @@ class PackOptions:
     resize: int | None = option(
         None, "Shrink JPEG/PNG/WebP images so the shorter side is SHORT_SIDE (never upscales), "
         "once, at pack time.", minimum=1, metavar="SHORT_SIDE", recorded=True)
+    pixels: str = option(
+        "keep", "How images are stored. keep: as they came; raw: decoded once to uint8 RGB "
+        "pixels in an `rgb.npy` field (numpy and WebDataset read it; no decode while training, "
+        "more bytes); auto: raw where the raw bytes are at most 48KiB (small images: icons, "
+        "CIFAR, 64 px tiles), as they came otherwise; auto:SIZE sets the limit "
+        "(docs/images.md, \"Raw pixels\").", parse=parse_pixels, metavar="keep|raw|auto[:SIZE]",
+        recorded=True)
     quality: int = option(90, "JPEG/WebP quality when --resize re-encodes.", minimum=1,
                           maximum=100, recorded=True)
     check: str = option(

@@ -46,7 +46,8 @@ def pack(src, out, *, layout: str = "auto", group: str = "auto", follow_links: b
          shard_size: int | str = "256MB",
          max_samples: int | None = None, compression: str = "none", zstd_level: int = 3,
          workers: int | None = None, engine: str = "local", address: str | None = None,
-         resize: int | None = None, quality: int = 90, check: str = "quick",
+         resize: int | None = None, pixels: str = "keep", quality: int = 90,
+         check: str = "quick",
          on_error: str = "raise", resume: bool = False, overwrite: bool = False,
          progress: bool = False, executor: Executor | None = None,
          storage_options: dict | None = None) -> PackSummary:
@@ -78,6 +79,9 @@ def pack(src, out, *, layout: str = "auto", group: str = "auto", follow_links: b
             the shard tasks run.
         address: the dask or ray cluster to use (default: one started for this pack).
         resize: shrink images so the shorter side is this long, once, at pack time.
+        pixels: how images are stored: ``"keep"`` (as they came), ``"raw"`` (uint8 RGB pixels
+            in an ``rgb.npy`` field), ``"auto"`` or ``"auto:SIZE"`` (raw where the raw bytes
+            are at most SIZE; docs/images.md, "Raw pixels").  After ``resize``.
         quality: JPEG/WebP quality when ``resize`` re-encodes.
         check: the image check while packing: ``quick``, ``full`` or ``none``.
         on_error: ``"raise"`` stops at the first bad entry, ``"skip"`` skips and counts them.
@@ -425,8 +429,7 @@ def _manifest(source, ordered: list, options: PackOptions, skipped: Counter, wal
         "hidden": report.hidden if walk else 0,
         "group": report.group if report.layout in ("imagefolder", "files") else None,
         "ignored": getattr(report, "ignored", 0) if walk else 0,
-        "preprocessing": {"resize": options.resize, "quality": options.quality}
-        if options.resize else None,
+        "preprocessing": preprocessing(options),
         "shards": [r.entry.to_dict() for r in ordered],
     }
     if converted_from:
@@ -434,6 +437,17 @@ def _manifest(source, ordered: list, options: PackOptions, skipped: Counter, wal
     if isinstance(source, PartOf):
         manifest["part"] = {"index": source.index, "count": source.count}
     return manifest
+
+
+def preprocessing(options: PackOptions) -> dict | None:
+    """What the pack did to the images, for the manifest: the resize and its quality, the
+    stored form of the pixels; None for nothing."""
+    done: dict = {}
+    if options.resize:
+        done.update(resize=options.resize, quality=options.quality)
+    if options.pixels != "keep":
+        done["pixels"] = options.pixels
+    return done or None
 
 
 def _progress(enabled: bool):

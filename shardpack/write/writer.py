@@ -22,6 +22,7 @@ from shardpack.images.content import check_image, check_image_full, is_image_fie
 import shardpack.write.fields as field_io
 from shardpack.write.fields import FileStream
 from shardpack.write.plan import ShardTask
+from shardpack.write.pixels import PixelForm, pixel_form
 from shardpack.write.resize import resize_image
 from shardpack.write.samples import SourceField
 from shardpack.storage import Storage
@@ -103,9 +104,10 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
     codec = fmt.codec_for(opts.shard_format)
     storage = Storage(out_url, storage_options)
     readers = task.open_readers(source_options)  # one per kind of field (shardpack.write.fields)
-    columns = _Columns(task)
+    form = pixel_form(opts.pixels)
+    columns = _Columns(task, form)
     compressor = _compressor(opts)
-    prepare = _prepared if opts.resize or opts.check != "none" else _read_only
+    prepare = _prepared if opts.resize or opts.check != "none" or form.converts else _read_only
     progress = _Progress(on_files)
     shard = codec.shard_name(task.number)
     with storage.open_atomic(shard) as f:
@@ -113,7 +115,7 @@ def write_shard(task: ShardTask, out_url: str, storage_options: dict | None = No
         sink.write(codec.file_header())
         for sample in task.samples:
             progress.sample(sample)
-            fields, streamed = _read_fields(sample, prepare, opts, readers, columns)
+            fields, streamed = _read_fields(sample, prepare, opts, readers, columns, form)
             if fields is None:
                 continue
             if streamed:
@@ -140,8 +142,10 @@ class _Columns:
     payload sizes, hashes, keys, and each sample's field offsets and sizes (row-major lists,
     one column per field name of the task, made into arrays at the end); and the skips."""
 
-    def __init__(self, task: ShardTask):
-        self.names = sorted({f.name for s in task.samples for f in s.fields})
+    def __init__(self, task: ShardTask, form: PixelForm):
+        # every name a field may be stored under (--pixels renames images); the index keeps
+        # only those some sample has (encode_index)
+        self.names = sorted({n for s in task.samples for f in s.fields for n in form.names(f.name)})
         self.column = {n: i for i, n in enumerate(self.names)}
         self.width = len(self.names)
         self.offsets: list[int] = []
@@ -173,32 +177,44 @@ class _Columns:
 
     def encode_index(self, opts, sink: _Sink, end: int, digest: int) -> bytes:
         rows, width = len(self.keys), self.width
+        offsets = np.array(self.offsets, dtype="<u8").reshape(rows, width)
+        sizes = np.array(self.sizes, dtype="<u8").reshape(rows, width)
+        used = (offsets != _MISSING).any(axis=0) if rows else np.ones(width, bool)
+        if not used.all():  # a name --pixels could have made and no sample has
+            self.names = [n for n, keep in zip(self.names, used, strict=True) if keep]
+            offsets, sizes = offsets[:, used], sizes[:, used]
         return fmt.encode_index(
             shard_format=opts.shard_format, compression=opts.compression, shard_bytes=sink.pos,
             shard_hash=sink.hasher.digest(), plan_digest=digest,
             skipped=sum(self.skipped.values()), fields=self.names,
             starts=self.starts + [end], raw_sizes=self.raw_sizes, sample_hashes=self.hashes,
-            field_offsets=np.array(self.offsets, dtype="<u8").reshape(rows, width),
-            field_sizes=np.array(self.sizes, dtype="<u8").reshape(rows, width), keys=self.keys)
+            field_offsets=np.ascontiguousarray(offsets), field_sizes=np.ascontiguousarray(sizes),
+            keys=self.keys)
 
 
 _MISSING = int(fmt.MISSING)
 
 
-def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns):
+def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns,
+                 form: PixelForm | None = None):
     """(``[(name, bytes or FileStream)]`` of the sample's fields, whether one is a
     FileStream), or (None, False) when one cannot be read and ``--skip-bad`` skips the sample
     (counted in ``columns``).  Runs once per field packed: fields under the streaming size
-    (nearly all, and under every limit) go straight to ``prepare``."""
+    (nearly all, and under every limit) go straight to ``prepare``; then the pixels' stored
+    form (``--pixels``, ``form``) may turn the sample's image into raw pixels."""
     fields, streamed, large = [], False, field_io.STREAM_SIZE
     try:
         for sf in sample.fields:
             if (sf.size or 0) < large:
-                fields.append((sf.name, prepare(sf, opts, readers)))
-                continue
-            data = _large_field(sf, prepare, opts, readers)
-            streamed = streamed or isinstance(data, FileStream)
-            fields.append((sf.name, data))
+                data = prepare(sf, opts, readers)
+            else:
+                data = _large_field(sf, prepare, opts, readers)
+                streamed = streamed or isinstance(data, FileStream)
+            if form is not None and form.converts and not isinstance(data, FileStream):
+                fields.append(form.store(sf.name, data, sf.reader.where(sf)))
+            else:
+                fields.append((sf.name, data))
+        _check_names(fields, sample)
         return fields, streamed
     except SourceError as exc:
         _close_streams(fields)
@@ -206,6 +222,17 @@ def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns):
             raise
         columns.skip(sample, exc)
         return None, False
+
+
+def _check_names(fields: list, sample) -> None:
+    """Two fields of one name (two images of a sample both stored as raw pixels) are refused."""
+    names = [name for name, _ in fields]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise SourceError(f"sample {sample.key!r}: two fields would be stored as {twice[0]!r} "
+                          "(two images of one sample as raw pixels)",
+                          path=str(next((f.path for f in sample.fields if f.path), sample.key)),
+                          hint="pack with --pixels keep, or keep one image a sample")
 
 
 def _large_field(sf: SourceField, prepare, opts, readers: dict):

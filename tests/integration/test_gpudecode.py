@@ -57,7 +57,7 @@ def test_route_sends_cmyk_other_formats_and_bad_headers_to_cpu():
     cmyk = route(np.frombuffer(ramp_photo(2, 20, 10, mode="CMYK"), np.uint8))
     assert not cmyk.gpu and "CMYK" in cmyk.reason
     png = route(np.frombuffer(ramp_photo(3, 20, 10, "PNG"), np.uint8))
-    assert not png.gpu and png.reason == "not a JPEG"
+    assert not png.gpu and png.reason == "PNG: nvJPEG does not decode it"
     from PIL import Image
 
     limit = Image.MAX_IMAGE_PIXELS
@@ -428,18 +428,23 @@ def test_gpu_decoder_has_no_hidden_sync_per_batch():
     def on_device(items):  # nvJPEG's place, without its stream synchronisation
         return [img.to(device, non_blocking=True) for img in host(items)]
 
-    blobs = [ramp_photo(i, 64 + 8 * i, 48) for i in range(6)] + [ramp_photo(9, 20, 16, "PNG")]
+    from shardpack.images.formats.raw import pixels_npy
+
+    raw = pixels_npy(np.zeros((24, 20, 3), np.uint8))  # stored pixels: copied up, not decoded
+    blobs = [ramp_photo(i, 64 + 8 * i, 48) for i in range(6)] + [ramp_photo(9, 20, 16, "PNG"),
+                                                                  raw]
     data, offsets = _bytes_batch(blobs)
     dec = GpuDecoder(device, CropOptions(size=32, seed=1), on_error="skip", backend=on_device)
-    dec(data, offsets, list(range(7)), [f"k{i}" for i in range(7)], epoch=0, stream=None)
+    dec(data, offsets, list(range(8)), [f"k{i}" for i in range(8)], epoch=0, stream=None)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        out, bad = dec(data, offsets, list(range(7)), [f"k{i}" for i in range(7)], epoch=1,
+        out, bad = dec(data, offsets, list(range(8)), [f"k{i}" for i in range(8)], epoch=1,
                        stream=None)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert out.device == device and out.shape == (7, 32, 32, 3) and bad == []
+    assert out.device == device and out.shape == (8, 32, 32, 3) and bad == []
+    assert dec.stats["cpu_fallbacks"] == 2  # the PNG, twice; the raw pixels never
 
 
 @pytest.mark.skipif(NO_CUDA, reason="needs CUDA")

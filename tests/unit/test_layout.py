@@ -132,3 +132,26 @@ def _missing_docstrings(path) -> list[str]:
 
 def test_public_definitions_have_docstrings():
     assert not _all(_missing_docstrings), "\n".join(_all(_missing_docstrings))
+
+
+def test_no_image_format_is_named_outside_its_codec():
+    """Each image format lives in its codec module (images/formats/): its name as a literal
+    ("JPEG") or its magic bytes anywhere else would be a second place to change when a format is
+    added or fixed.  Lower-case peer encoding names ("jpeg" in an MDS column) are field
+    extensions, not formats, and stay where the peers' readers are."""
+    from shardpack.images.registry import CODECS
+
+    names = {codec.name for codec in CODECS}
+    magics = [m for codec in CODECS for m in codec.magics if len(m) >= 2] + [b"\xff\xd8"]
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("images/formats/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            value = node.value if isinstance(node, ast.Constant) else None
+            if (isinstance(value, str) and value in names) or (
+                    isinstance(value, bytes) and any(value.startswith(m) for m in magics)):
+                found.append(f"{rel}:{node.lineno}: {value!r}")
+    assert not found, "\n".join(found)
+    assert len(names) == len(CODECS)  # one codec a format

@@ -18,6 +18,7 @@ import zlib
 import numpy as np
 
 from shardpack.core.errors import SourceError
+from shardpack.images.formats.png import PNG
 from shardpack.storage import storage_options_by_keyword
 from shardpack.write.fields import FieldReader, open_container
 from shardpack.format import check_field_name
@@ -314,12 +315,10 @@ def pil_to_png(data: bytes) -> bytes:
                          f"pixels, the cell holds {pixels}")
     try:
         image = Image.frombytes(mode, (width, height), data[12 + mode_size:])
-        out = io.BytesIO()
-        image.save(out, format="PNG")
+        return PNG.encode(image)
     except (ValueError, OSError, KeyError) as exc:
         raise ValueError(f"raw {mode} image {width}x{height} cannot be stored as PNG: "
                          f"{exc}") from None
-    return out.getvalue()
 
 
 def npy(dtype, shape: tuple[int, ...], raw: bytes) -> bytes:
