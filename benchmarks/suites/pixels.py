@@ -262,13 +262,15 @@ def http_runs(run, packs: dict, limits: list) -> tuple[list, dict]:
        more than (raw bytes - encoded bytes) / (encoded time - raw time) per core, the crossover,
        which is set against the page cache's read rate (one thread) and against HTTP limits; and
        tiles64's JPEG and raw packs read over HTTP from a server limited to those rates.""",
-       bounds="""On 2 cores the CPU bounds every loader here: the notes give the ratios measured
-       side by side. Raw pixels take no decode, only the crop, resize and copy; what remains is
-       per-batch work (collate, the worker's hand-off) and the bytes read, 3 bytes a pixel
-       against a JPEG's ~0.3-1. The crossover is the bandwidth per core at which reading the
-       extra raw bytes costs what the decode saves: from the page cache (GB/s) raw wins at every
-       side measured, so the default threshold is set by disk space, not speed; over a network
-       limited below a side's crossover the encoded form is faster.""")
+       bounds="""On 2 cores the CPU bounds every loader here (the notes give the ratios measured
+       side by side): raw pixels take no decode, only the crop, the resize and the copy, so what
+       is left is per-image and per-batch work (planning the crop, collate, the worker's
+       hand-off), where FFCV runs compiled code over whole batches. Against JPEG the decode saved
+       and the bytes added both grow with the pixels, so the crossover changes little with the
+       side; against PNG (a slower decode, larger files) it is far lower. Where storage delivers
+       less than a side's crossover per core, the encoded form loads faster; from the page cache
+       (one thread's read rate is the limit beside each crossover) the extra bytes cost next to
+       nothing, and the threshold is a matter of disk space.""")
 def run_pixels(run) -> Outcome:
     """The pixels suite: trees made and packed once, every contender alternated, the crossover
     probe, the HTTP reads."""
