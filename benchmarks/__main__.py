@@ -64,8 +64,9 @@ def run_suite(name: str, argv: list[str]) -> Path:
     outcome = suite.run(run)
     path = results.write(results.build(run, outcome), Path(folder))
     for f in outcome.figures:
+        value = f"{f['value']:,}" if isinstance(f["value"], (int, float)) else f["value"]
         peers = "; ".join(f"{k} {v:,}" for k, v in f["peers"].items())
-        print(f"{f['name']}: {f['value']:,} {f['unit']}" + (f" (peers: {peers})" if peers else "")
+        print(f"{f['name']}: {value} {f['unit']}" + (f" (peers: {peers})" if peers else "")
               + (f"  {f['note']}" if f["note"] else ""))
     print(f"wrote {path}")
     return path

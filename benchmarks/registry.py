@@ -14,7 +14,7 @@ from typing import Callable
 
 # the suite modules, in the order of docs/benchmarks.md
 MODULES = ("pack", "convert", "read", "decode", "peers", "trees", "stages", "checks", "remote",
-           "fastlink", "mix", "scale", "engines", "checkpoint", "faults")
+           "fastlink", "mix", "scale", "engines", "checkpoint", "faults", "pixels")
 
 
 @dataclasses.dataclass

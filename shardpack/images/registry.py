@@ -16,6 +16,12 @@ from shardpack.images.formats.webp import WEBP
 CODECS: tuple[Codec, ...] = (JPEG, PNG, GIF, TIFF, WEBP, BMP, RAW)  # sniffed in this order
 
 _BY_NAME = {codec.name: codec for codec in CODECS}
+# the codecs to ask by a file's first byte: sniffing is once per image read, so one dict lookup
+# and one or two signature tests, not one test per format
+_BY_FIRST: dict[int, tuple[Codec, ...]] = {}
+for _codec in CODECS:
+    for _first in sorted({m[0] for m in _codec.magics}):
+        _BY_FIRST[_first] = _BY_FIRST.get(_first, ()) + (_codec,)
 _BY_EXTENSION = {ext: codec for codec in CODECS for ext in codec.extensions}
 
 
@@ -43,7 +49,7 @@ def codec_for_field(field: str) -> Codec | None:
 def sniff_codec(data) -> Codec | None:
     """The codec whose signature the bytes start with, or None (no supported image)."""
     head = bytes(data[:18])
-    for codec in CODECS:
+    for codec in _BY_FIRST.get(head[0], ()) if head else ():
         if codec.sniff(head):
             return codec
     return None

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from shardpack.core.errors import DecodeError
-from shardpack.images.registry import region_decodes
+from shardpack.images.registry import claimed_codec
 from shardpack.loader.headstart import HeadStart
 from shardpack.loader.stages import EpochStage
 from shardpack.transforms.spec import (
@@ -67,7 +67,14 @@ def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
     from shardpack.images.content import decode_rgb
 
     plan = size = crop = None
-    if region_decodes(data):
+    codec = claimed_codec(data)
+    if codec is not None and codec.stored_pixels:
+        pixels = _stored(codec, data, max_pixels)
+        if pixels is not None:  # no decode: the crop is a view of the stored pixels
+            plan = plan_crop(pixels.shape[0], pixels.shape[1], opts, rnd)
+            crop = pixels[plan.top:plan.top + plan.height, plan.left:plan.left + plan.width]
+            return resize_crop(crop, opts.size, out, flip=plan.flip)
+    if codec is not None and codec.region:
         plan, size, crop = _jpeg_crop(data, opts, rnd, max_pixels)
     if crop is None:
         pixels = decode_rgb(data, max_pixels=max_pixels)  # DecodeError naming what is wrong
@@ -75,6 +82,20 @@ def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
             plan = plan_crop(pixels.shape[0], pixels.shape[1], opts, rnd)
         crop = pixels[plan.top:plan.top + plan.height, plan.left:plan.left + plan.width]
     return resize_crop(crop, opts.size, out, flip=plan.flip)
+
+
+def _stored(codec, data, max_pixels: int | None) -> np.ndarray | None:
+    """Stored pixels (raw ``rgb.npy``) as a view of ``data`` (writable where ``data`` is: a
+    batch slot's memoryview), once their header is checked against the bytes and the decode
+    budget; None where it is not (``decode_rgb`` then says why)."""
+    from shardpack.images.budget import check_size
+
+    try:
+        height, width, offset = codec.layout(data)
+    except ValueError:
+        return None
+    check_size(width, height, max_pixels)
+    return np.frombuffer(data, np.uint8, height * width * 3, offset).reshape(height, width, 3)
 
 
 class JpegPlan(NamedTuple):

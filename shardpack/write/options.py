@@ -134,8 +134,9 @@ class PackOptions:
     pixels: str = option(
         "keep", "How images are stored. keep: as they came; raw: decoded once to uint8 RGB "
         "pixels in an `rgb.npy` field (numpy and WebDataset read it; no decode while training, "
-        "more bytes); auto: raw where the raw bytes are at most 48KiB (small images: icons, "
-        "CIFAR, 64 px tiles), as they came otherwise; auto:SIZE sets the limit "
+        "more bytes); auto: raw for PNG/GIF/BMP/TIFF images whose raw bytes are at most 48KiB "
+        "(icons, CIFAR, 64 px tiles), JPEG/WebP and larger images as they came; auto:SIZE sets "
+        "the limit "
         "(docs/images.md, \"Raw pixels\").", parse=parse_pixels, metavar="keep|raw|auto[:SIZE]",
         recorded=True)
     quality: int = option(90, "JPEG/WebP quality when --resize re-encodes.", minimum=1,

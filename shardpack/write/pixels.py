@@ -1,6 +1,6 @@
 """How images are stored (``pack --pixels``): as they came (``keep``), as raw pixels (``raw``: uint8
-RGB in an ``rgb.npy`` field, no decode when training), or raw where that is small (``auto``: raw
-when the raw bytes are at most a threshold, the encoded file otherwise).
+RGB in an ``rgb.npy`` field, no decode when training), or raw where that pays (``auto``: images of
+a lossless format whose raw bytes are at most a threshold; JPEG and WebP as they came).
 
 A choice made once: :func:`pixel_form` turns the option into a :class:`PixelForm` each shard task
 holds.  The converted field is the sample's image: an image field whose name is one part (``jpg``,
@@ -15,6 +15,7 @@ from shardpack.core.errors import BrokenImageError, DecodeError, SKIP_BAD, Shard
 from shardpack.core.sizes import parse_size
 from shardpack.images.content import decode_rgb, header_size, is_image_field
 from shardpack.images.formats.raw import RAW, pixels_npy
+from shardpack.images.registry import sniff_codec
 
 RAW_FIELD = RAW.suffixes[0]  # the field raw pixels are stored in
 NPY_HEADER = 128  # bytes numpy writes before an image's pixels
@@ -82,7 +83,9 @@ class RawPixels(PixelForm):
 
 
 class AutoPixels(RawPixels):
-    """Raw pixels where their bytes are at most ``limit``; the encoded file otherwise."""
+    """Raw pixels for images of a lossless format (PNG, GIF, BMP, TIFF) whose raw bytes are at
+    most ``limit``; the file as it came otherwise (JPEG and WebP always: their decode is cheap
+    for the bytes they save; docs/images.md, "Raw pixels")."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -92,9 +95,13 @@ class AutoPixels(RawPixels):
         return (name, RAW_FIELD) if _the_image(name) else (name,)
 
     def takes(self, name: str, data: bytes) -> bool:
-        """The sample's image, when its header's size makes at most ``limit`` raw bytes (an
-        image whose header cannot be read is kept, and checked as any other)."""
+        """The sample's image, when its format is lossless and its header's size makes at most
+        ``limit`` raw bytes (an image whose header cannot be read is kept, and checked as any
+        other)."""
         if not super().takes(name, data):
+            return False
+        codec = sniff_codec(data)
+        if codec is None or not codec.lossless:
             return False
         size = header_size(data)
         return size is not None and size[0] * size[1] * 3 + NPY_HEADER <= self.limit

@@ -218,3 +218,20 @@ def test_every_command_that_reads_images_understands_raw_pixels(packs, tmp_path)
     names = {n.split(".")[-1] for t in (tmp_path / "wds").glob("*.tar")
              for n in tarfile.open(t).getnames()}
     assert names == {"cls", "png"}, names
+
+
+def test_auto_keeps_jpeg_and_stores_small_lossless_images_raw(tmp_path):
+    rng = np.random.default_rng(1)
+    src = tmp_path / "src" / "c0"
+    src.mkdir(parents=True)
+    small = Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8))
+    for fmt, ext in (("PNG", "png"), ("JPEG", "jpg"), ("BMP", "bmp"), ("WEBP", "webp")):
+        small.save(src / f"small_{ext}.{ext}", fmt)
+    Image.fromarray(rng.integers(0, 256, (200, 200, 3), dtype=np.uint8)).save(src / "big.png")
+    shardpack.pack(tmp_path / "src", tmp_path / "ds", pixels="auto")
+    reader = shardpack.open_reader(str(tmp_path / "ds"))
+    stored = {reader.read_sample(i)["__key__"]: sorted(k for k in reader.read_sample(i)
+                                                       if not k.startswith("__") and k != "cls")
+              for i in range(len(reader))}
+    assert stored == {"c0/small_png": ["rgb.npy"], "c0/small_bmp": ["rgb.npy"],
+                      "c0/small_jpg": ["jpg"], "c0/small_webp": ["webp"], "c0/big": ["png"]}

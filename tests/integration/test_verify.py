@@ -394,7 +394,11 @@ def test_converted_layout_names_its_source(tmp_path):
     ("skipped", [], "'skipped' must map reasons to non-negative integers, found \\[\\]"),
     ("skipped", {"bad image": -1}, "'skipped' must map reasons to non-negative integers"),
     ("skipped", {"bad image": "1"}, "'skipped' must map reasons to non-negative integers"),
-    ("preprocessing", {}, "'preprocessing' must be null or \\{\"resize\": N, \"quality\": Q\\}"),
+    ("preprocessing", {}, "'preprocessing' must be null or \\{\"resize\": N, \"quality\": Q, "
+                          "\"pixels\""),
+    ("preprocessing", {"pixels": "raw:1"}, "'preprocessing' must be null or"),
+    ("preprocessing", {"pixels": "auto:x"}, "'preprocessing' must be null or"),
+    ("preprocessing", {"quality": 90}, "'preprocessing' must be null or"),
     ("preprocessing", 0, "'preprocessing' must be null or"),
     ("preprocessing", {"resize": 64}, "'preprocessing' must be null or"),
     ("preprocessing", {"resize": "64", "quality": 90}, "'preprocessing' must be null or"),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITES = {"pack", "read", "decode", "remote", "convert", "peers", "mix", "scale", "checkpoint",
-          "faults", "trees", "stages"}
+          "faults", "trees", "stages", "pixels"}
 
 
 def _run(*args) -> subprocess.CompletedProcess:
@@ -86,3 +86,28 @@ def test_the_stages_rate_counts_from_the_first_round_of_batches():
     arrivals = [(4.0, 256)] * 8 + [(4.0 + 0.5 * (k + 1), 256) for k in range(8)]
     assert steady_rate(arrivals, 8, 8.0) == 8 * 256 / 4.0
     assert steady_rate(arrivals[:8], 8, 4.0) is None
+
+
+def test_the_pixels_crossover_is_the_bandwidth_at_which_the_extra_bytes_cost_the_decode_saved():
+    """Raw pixels 10 kB read in 10 us against a 2 kB JPEG decoded in 30 us: past 8 kB / 20 us =
+    400 MB/s per core raw is faster. A raw form both smaller and faster wins at any bandwidth
+    (0); one no faster never wins (None). The threshold is the raw size of the largest side
+    whose crossover is under the bandwidth."""
+    import pytest
+
+    from benchmarks.suites.pixels import crossing, crossover_figures
+
+    raw = {"s": 10e-6, "bytes": 10_000}
+    assert crossing(raw, {"s": 30e-6, "bytes": 2_000}) == pytest.approx(400.0)
+    assert crossing(raw, {"s": 30e-6, "bytes": 12_000}) == 0.0
+    assert crossing(raw, {"s": 10e-6, "bytes": 2_000}) is None
+    cross = {"32": {"raw": raw, "jpg": {"s": 30e-6, "bytes": 2_000},
+                    "png": {"s": 50e-6, "bytes": 12_000}},
+             "64": {"raw": {"s": 20e-6, "bytes": 12_416}, "jpg": {"s": 40e-6, "bytes": 2_416},
+                    "png": {"s": 90e-6, "bytes": 9_416}}}
+    figures = {f["name"]: f for f in crossover_figures(cross, 1000.0, [450.0])}
+    assert figures["crossover at 64x64, vs JPEG"]["value"] == pytest.approx(500.0)
+    assert figures["auto threshold, page cache, vs JPEG"]["value"] == (64 * 64 * 3 + 128) / 1024
+    assert figures["auto threshold, HTTP 450 MB/s, vs JPEG"]["value"] == (32 * 32 * 3 + 128) / 1024
+    assert figures["auto threshold, HTTP 450 MB/s, vs JPEG"]["peers"]["vs PNG"] == \
+        (64 * 64 * 3 + 128) / 1024

@@ -34,6 +34,8 @@ class Codec:
         pillow: Pillow decodes it (the default decode).
         stored_pixels: the bytes hold the pixels themselves (:meth:`layout` says where): the GPU
             path copies them up, no decode.
+        lossless: the format keeps every pixel, and its decode costs far more than its bytes
+            save (``pack --pixels auto`` stores such images raw; docs/images.md).
     """
 
     name = ""
@@ -45,6 +47,7 @@ class Codec:
     region = False
     pillow = True
     stored_pixels = False
+    lossless = False
 
     def __repr__(self) -> str:
         return f"<codec {self.name}>"

@@ -44,6 +44,7 @@ class BmpCodec(Codec):
     name = "BMP"
     extensions = ("bmp",)
     magics = (b"BM",)
+    lossless = True
 
     def sniff(self, head: bytes) -> bool:
         """"BM" alone is too weak (text may start so): a known DIB header size too."""

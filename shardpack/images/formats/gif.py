@@ -61,6 +61,7 @@ class GifCodec(Codec):
     name = "GIF"
     extensions = ("gif",)
     magics = (b"GIF87a", b"GIF89a")
+    lossless = True
 
     def size(self, get) -> tuple[int, int]:
         """Pillow's size: the logical screen, grown to hold the first frame."""

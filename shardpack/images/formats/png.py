@@ -73,6 +73,7 @@ class PngCodec(Codec):
     name = "PNG"
     extensions = ("png",)
     magics = (b"\x89PNG\r\n\x1a\n",)
+    lossless = True
     reencodes = True
 
     def size(self, get) -> tuple[int, int]:

@@ -84,6 +84,7 @@ class TiffCodec(Codec):
     name = "TIFF"
     extensions = ("tif", "tiff")
     magics = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
+    lossless = True
 
     def size(self, get) -> tuple[int, int]:
         """(width, height) of the first image directory (swapped by a transposing
