@@ -113,9 +113,13 @@ def _loader(kind: str, path: str, size: int):
                         num_workers=WORKERS, persistent_workers=True)
         return dl, lambda epoch: None, lambda batch: batch[0]
     import shardpack
+    threads = kind.endswith("-threads")  # the same pipeline in threads of this process
     ds = shardpack.ShardDataset(path, batch_size=BATCH, batched=True, shuffle=True,
-                                decode=shardpack.CpuDecode(size))
-    dl = DataLoader(ds, batch_size=None, num_workers=WORKERS, persistent_workers=True)
+                                decode=shardpack.CpuDecode(size),
+                                execution="threads" if threads else "processes",
+                                workers=WORKERS if threads else None)
+    dl = ds if threads else DataLoader(ds, batch_size=None, num_workers=WORKERS,
+                                       persistent_workers=True)
     loader = shardpack.DeviceLoader(dl, device="cpu", decode_on="cpu", normalize=False,
                                     dtype="uint8")
     return loader, loader.set_epoch, lambda batch: batch["image"]
