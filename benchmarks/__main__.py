@@ -7,16 +7,16 @@ page names::
     python -m benchmarks all                # every suite in page order, then report
     python -m benchmarks all --skip remote,fastlink   # all but these (their old results stay)
 
-``all`` runs the suites one after the other, each in a process of its own with its defaults
-(faults also rewrites docs/reliability.md, as its page says), then ``report``. A suite that fails
-is named and the others still run; the command exits 1 at the end. The estimates
-(benchmarks/run_all.py) add up to about an hour with the data already generated; the first run
-also generates it. ``all --quick`` runs every suite's ``--quick`` instead (a few minutes: the
-check that every suite still runs, which tests/tools/test_benchmarks.py also makes) and renders
-its page into the quick results folder, not docs/. The same by hand::
-
-    for s in $(python -m benchmarks --list | cut -d' ' -f1); do python -m benchmarks $s; done
-    python -m benchmarks report
+``all`` runs the suites one after the other, each in a process of its own, then ``report``. A
+suite that fails is named and the others still run; the command exits 1 at the end. Each suite
+runs at its defaults but for two repetitions (``--reps 2``; the defaults' three would take ~105
+minutes), pack's 1M-file tree once without the packers slower than MDS there, and faults also
+rewriting docs/reliability.md (benchmarks/run_all.py: the options and each suite's estimate).
+The estimates add up to about 80 minutes with the data already generated; the first run also
+generates it (~40 minutes more). ``all --quick`` runs every suite's ``--quick`` instead (a few
+minutes: the check that every suite still runs, which tests/tools/test_benchmarks.py also
+makes) and renders its page into the quick results folder, not docs/. By hand: the commands
+``all --dry-run`` lists, one after the other, then ``python -m benchmarks report``.
 """
 
 from __future__ import annotations

@@ -132,11 +132,12 @@ def _tree_state(*folders: Path) -> dict:
 def test_every_suite_runs_quick(suite, tmp_path):
     """``python -m benchmarks SUITE --quick`` into a temporary results and data folder: exit 0,
     a result of that suite there with at least one figure, and nothing written to
-    benchmarks/results, docs/ or the default bench-data/. A suite that needs a GPU or a venv
+    benchmarks/results, docs/ or the default data folder. A suite that needs a GPU or a venv
     this machine lacks runs what it can and says what it left out (the peers suite: which
     contenders' venvs are missing)."""
     out, data = tmp_path / "results", tmp_path / "data"
-    guarded = (ROOT / "benchmarks" / "results", ROOT / "docs")
+    # the page's results, the docs, and --quick's default data folder (which --data-dir replaces)
+    guarded = (ROOT / "benchmarks" / "results", ROOT / "docs", ROOT / "bench-data" / "quick")
     before, had_data = _tree_state(*guarded), (ROOT / "bench-data").exists()
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "benchmarks", suite, "--quick",
@@ -151,7 +152,6 @@ def test_every_suite_runs_quick(suite, tmp_path):
         got = json.loads(path.read_text())
         assert got["suite"] == suite and got["figures"], path
         assert "--results-dir" not in got["command"], got["command"]
-    assert any(data.iterdir()), f"{suite} --quick left --data-dir empty"
     assert _tree_state(*guarded) == before, f"{suite} --quick wrote into the repository"
     assert had_data or not (ROOT / "bench-data").exists(), f"{suite} --quick made bench-data/"
     if suite == "peers":  # it says which contenders ran and which venvs it missed
@@ -160,15 +160,21 @@ def test_every_suite_runs_quick(suite, tmp_path):
 
 def test_all_prints_its_plan_within_the_ninety_minutes():
     """``all --dry-run``: every suite in page order with an estimate, the total under the 90
-    minutes the whole page may take (data already generated); --skip leaves suites out."""
+    minutes the whole page may take (data already generated), then each suite's command; --skip
+    leaves suites out."""
     result = _run("all", "--dry-run", "--skip", "pixels")
     assert result.returncode == 0, result.stderr
-    rows = [line.split() for line in result.stdout.splitlines()[1:]]
-    assert [r[0] for r in rows[:-1]] == [s for s in registry.MODULES if s != "pixels"]
-    assert "skipped: pixels" in result.stdout.splitlines()[0]
+    lines = result.stdout.splitlines()
+    assert "skipped: pixels" in lines[0]
+    table = [line.split() for line in lines[1:lines.index(next(x for x in lines if
+                                                                 x.split()[0] == "total"))]]
+    assert [r[0] for r in table] == [s for s in registry.MODULES if s != "pixels"]
+    assert [line.split()[3] for line in lines[1:] if line.startswith("python -m benchmarks ")] == \
+        [r[0] for r in table]
     result = _run("all", "--dry-run")
-    total = result.stdout.splitlines()[-1].split()
-    assert total[0] == "total" and total[2] == "min" and int(total[1]) < 90, result.stdout
+    total = next(line.split() for line in result.stdout.splitlines()
+                 if line.split()[0] == "total")
+    assert total[2] == "min" and int(total[1]) < 90, result.stdout
     assert _run("all", "--skip", "no-such-suite").returncode != 0
 
 
@@ -187,3 +193,24 @@ def test_all_quick_runs_the_suites_then_the_report(tmp_path):
     assert (out / f"{keep}.json").exists() and "== report" in result.stdout
     assert (out / "benchmarks.md").exists()
     assert (ROOT / "docs" / "benchmarks.md").read_bytes() == page
+
+
+def test_all_names_the_suite_that_failed_runs_the_others_and_exits_1(monkeypatch, capsys):
+    """A suite that fails does not stop the run: the next ones and the report still run, the
+    summary and the exit status say which failed (the suites' processes replaced by stubs)."""
+    from benchmarks import run_all
+
+    ran = []
+
+    def fake_run(cmd, cwd=None):
+        ran.append(cmd[3])
+        return subprocess.CompletedProcess(cmd, 1 if cmd[3] == "read" else 0)
+
+    monkeypatch.setattr(run_all.subprocess, "run", fake_run)
+    with pytest.raises(SystemExit) as exit_:
+        run_all.main(["--quick", "--skip", "pack,convert,peers,trees,stages,checks,remote,"
+                      "fastlink,mix,scale,engines,checkpoint,faults,pixels"])
+    assert exit_.value.code == 1
+    assert ran == ["read", "decode", "report"]
+    captured = capsys.readouterr()
+    assert "== read FAILED (exit 1)" in captured.out and "failed: read" in captured.err
