@@ -33,7 +33,7 @@ USAGE = """python -m benchmarks --list
        python -m benchmarks SUITE --help                  (the suite's own options)
        python -m benchmarks ab --base REF [--new REF] [--reps N] [--quick] SUITE... [-- OPTIONS]
        python -m benchmarks report [--results-dir DIR] [--out FILE]
-       python -m benchmarks all [--quick] [--skip SUITE,...] [--dry-run]"""
+       python -m benchmarks all [--reps N] [--quick] [--skip SUITE,...] [--dry-run]"""
 
 
 def suite_parser(suite: registry.Suite) -> argparse.ArgumentParser:
