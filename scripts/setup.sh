@@ -35,6 +35,11 @@ WITH_NGINX=0
 if [ "$WITH_NGINX" = 1 ] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   apt_install "the tests that need it will be skipped" nginx
 fi
+# The icon theme is a real tree Debian ships, with links inside, for a test of --follow-links
+# (tests/integration/test_real_trees.py); installed with the test server.
+if [ "$WITH_NGINX" = 1 ] && [ ! -d /usr/share/icons/Adwaita ]; then
+  apt_install "the test of a real icon tree will be skipped" adwaita-icon-theme
+fi
 # A C compiler and the libjpeg-turbo headers build the region JPEG decoder (setup.py,
 # docs/device.md "Region decode"); without them shardpack installs without it and decodes whole
 # JPEGs at a DCT scale instead. The libxxhash headers build the batch hash (docs/reading.md,

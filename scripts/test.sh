@@ -16,4 +16,10 @@ export SHARDPACK_REQUIRE_PEERS=1
 export SHARDPACK_REQUIRE_JPEGCROP=1
 # The same for the batch hash (setup.sh installs the libxxhash headers): tests/unit/test_hash_ranges.py.
 export SHARDPACK_REQUIRE_HASH_RANGES=1
+# The test servers: rclone (the dev extra) and nginx (setup.sh --with-nginx) are installed above, so
+# a fixture that cannot start one fails its tests rather than skipping them (testbed/plugin.py).
+export SHARDPACK_REQUIRE_SERVERS=1
+# Any other skip whose reason is not on testbed/skips.py's allowlist (no GPU, a container that
+# refuses mounts, ...) fails the run: a fresh machine set up as above can run those tests.
+export SHARDPACK_CI_SKIPS=1
 exec .venv/bin/python -m pytest "$@"

@@ -13,6 +13,14 @@ from testbed.helpers import fake_jpeg, make_tree
 from testbed.servers import (
     DelayProxy, FaultServer, NginxServer, S3Server, ServerStartError, SpliceProxy, find_nginx,
 )
+from testbed.skips import REQUIRE_SERVERS, SkipAudit, skip_or_fail
+
+
+def pytest_configure(config) -> None:
+    """The skip audit (testbed/skips.py): registered always, it acts only where
+    SHARDPACK_CI_SKIPS=1."""
+    config.pluginmanager.register(SkipAudit(), "shardpack-skip-audit")
+
 
 @pytest.fixture
 def small_tree(tmp_path) -> Path:
@@ -54,14 +62,16 @@ _shared_s3: dict[str, Any] = {"server": None, "users": 0}
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> S3Server:
     """A running S3Server shared by the whole session. Use a bucket of your own per test
-    (``s3_server.create_bucket()``). Skips only if rclone is missing or cannot run."""
+    (``s3_server.create_bucket()``). Skips only if rclone is missing or cannot run (fails
+    instead under SHARDPACK_REQUIRE_SERVERS=1)."""
     if _shared_s3["server"] is None:
         server = S3Server(tmp_path_factory.mktemp("s3"))
         try:
             server.start()
         except ServerStartError as exc:
             if exc.exited:
-                pytest.skip(f"S3 test server (rclone serve s3) cannot start: {exc}")
+                skip_or_fail(f"S3 test server (rclone serve s3) cannot start: {exc}",
+                             REQUIRE_SERVERS)
             raise
         _shared_s3["server"] = server
     _shared_s3["users"] += 1
@@ -97,14 +107,15 @@ def _stop_all(started: list) -> None:
 @pytest.fixture
 def http_server(tmp_path_factory):
     """Factory: ``http_server(root_dir, extra_config="") -> NginxServer``, started; every server it
-    started is stopped after the test. Skips if nginx is not installed."""
+    started is stopped after the test. Skips if nginx is not installed (fails instead under
+    SHARDPACK_REQUIRE_SERVERS=1)."""
     started: list[NginxServer] = []
 
     def start(root_dir: Path, **kwargs) -> NginxServer:
         binary = find_nginx()
         if binary is None:
-            pytest.skip("nginx is not installed "
-                        "(scripts/setup.sh installs it: apt-get install nginx)")
+            skip_or_fail("nginx is not installed "
+                         "(scripts/setup.sh installs it: apt-get install nginx)", REQUIRE_SERVERS)
         server = NginxServer(root_dir, tmp_path_factory.mktemp("nginx"), binary=binary, **kwargs)
         server.start()
         started.append(server)

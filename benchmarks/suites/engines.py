@@ -43,12 +43,16 @@ def pack_once(src: str, engine: str, out: Path, address: str | None = None) -> t
 
 def packs(src: str, reps: int, engines: list, out_dir: str) -> dict:
     """Child: each engine starting its own cluster for the pack, alternated."""
-    out = Path(tempfile.mkdtemp(dir=out_dir)) / "out"
+    work = Path(tempfile.mkdtemp(dir=out_dir))
+    out = work / "out"
     times = {e: [] for e in engines}
-    for rep in range(reps):
-        for engine in (engines if rep % 2 == 0 else list(reversed(engines))):
-            times[engine].append(pack_once(src, engine, out))
-            print(f"rep {rep} {engine}: {times[engine][-1][0]:.1f} s", file=sys.stderr)
+    try:
+        for rep in range(reps):
+            for engine in (engines if rep % 2 == 0 else list(reversed(engines))):
+                times[engine].append(pack_once(src, engine, out))
+                print(f"rep {rep} {engine}: {times[engine][-1][0]:.1f} s", file=sys.stderr)
+    finally:  # the folder in tmpfs (memory) goes too, not only the pack in it
+        shutil.rmtree(work, ignore_errors=True)
     return times
 
 
@@ -59,7 +63,8 @@ def running(src: str, reps: int, out_dir: str) -> dict:
     import distributed
     import ray
 
-    out = Path(tempfile.mkdtemp(dir=out_dir)) / "out"
+    work = Path(tempfile.mkdtemp(dir=out_dir))
+    out = work / "out"
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                        dashboard_address=None, host="127.0.0.1")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -76,6 +81,7 @@ def running(src: str, reps: int, out_dir: str) -> dict:
     finally:
         ray.shutdown()
         cluster.close()
+        shutil.rmtree(work, ignore_errors=True)
     return times
 
 

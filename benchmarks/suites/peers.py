@@ -156,7 +156,7 @@ def sweep_figures(sweep) -> list:
 
 
 @suite("peers", title="Loading: shardpack against its peers", options=options,
-       quick=dict(images=200, steps="0,50", skip="ffcv,dali"),
+       quick=dict(images=200, steps="0,50"),
        measures="""Samples per second of one epoch into PyTorch (2 loader workers or threads,
        batch 256, shuffled), bytes only and decoded (JPEG decode, random-resized-crop 224,
        flip), from loader construction to the last batch (imports and interpreter start
@@ -179,6 +179,9 @@ def run_peers(run) -> Outcome:
     skip = set(filter(None, a.skip.split(",")))
     names = [n for n in CONTENDERS if n not in skip and os.access(CONTENDERS[n][0], os.X_OK)]
     missing = [n for n in CONTENDERS if n not in skip and n not in names]
+    run.log(f"contenders: {', '.join(names)}"
+            + (f"; not run (venv missing): {', '.join(missing)}" if missing else "")
+            + (f"; skipped (--skip): {', '.join(sorted(skip))}" if skip else ""))
     src, gen = c.ensure_images(run.data_dir, a.images)
     paths = prepare(run, src, names)
     caches, modes = a.caches.split(","), a.modes.split(",")

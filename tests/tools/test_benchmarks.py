@@ -4,11 +4,17 @@ and the page in the repository is the one the results make."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+
+from benchmarks import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITES = {"pack", "read", "decode", "remote", "convert", "peers", "mix", "scale", "checkpoint",
@@ -25,6 +31,7 @@ def test_list_names_every_suite():
     assert result.returncode == 0, result.stderr
     listed = {line.split()[0] for line in result.stdout.splitlines() if line.strip()}
     assert SUITES <= listed, SUITES - listed
+    assert listed == set(registry.MODULES), "test_every_suite_runs_quick runs registry.MODULES"
 
 
 def test_the_page_is_generated_from_the_results(tmp_path):
@@ -93,8 +100,6 @@ def test_the_pixels_crossover_is_the_bandwidth_at_which_the_extra_bytes_cost_the
     400 MB/s per core raw is faster. A raw form both smaller and faster wins at any bandwidth
     (0); one no faster never wins (None). The threshold is the raw size of the largest side
     whose crossover is under the bandwidth."""
-    import pytest
-
     from benchmarks.suites.pixels import crossing, crossover_figures
 
     raw = {"s": 10e-6, "bytes": 10_000}
@@ -111,3 +116,101 @@ def test_the_pixels_crossover_is_the_bandwidth_at_which_the_extra_bytes_cost_the
     assert figures["auto threshold, HTTP 450 MB/s, vs JPEG"]["value"] == (32 * 32 * 3 + 128) / 1024
     assert figures["auto threshold, HTTP 450 MB/s, vs JPEG"]["peers"]["vs PNG"] == \
         (64 * 64 * 3 + 128) / 1024
+
+
+# -- every suite's --quick, so that none rots between regenerations of the page -------------------
+
+def _tree_state(*folders: Path) -> dict:
+    """Name -> (size, mtime) of every file under ``folders``: what a run must leave alone."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+            for folder in folders if folder.exists() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("suite", registry.MODULES)
+def test_every_suite_runs_quick(suite, tmp_path):
+    """``python -m benchmarks SUITE --quick`` into a temporary results and data folder: exit 0,
+    a result of that suite there with at least one figure, and nothing written to
+    benchmarks/results, docs/ or the default data folder. A suite that needs a GPU or a venv
+    this machine lacks runs what it can and says what it left out (the peers suite: which
+    contenders' venvs are missing)."""
+    out, data = tmp_path / "results", tmp_path / "data"
+    # the page's results, the docs, and --quick's default data folder (which --data-dir replaces)
+    guarded = (ROOT / "benchmarks" / "results", ROOT / "docs", ROOT / "bench-data" / "quick")
+    before, had_data = _tree_state(*guarded), (ROOT / "bench-data").exists()
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "benchmarks", suite, "--quick",
+                             "--results-dir", str(out), "--data-dir", str(data)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=380)
+    took = time.monotonic() - started
+    assert result.returncode == 0, (f"{suite} --quick failed after {took:.0f} s:\n"
+                                    + result.stdout[-3000:] + result.stderr[-5000:])
+    written = sorted(out.glob("*.json"))
+    assert written, f"{suite} --quick wrote no result into --results-dir:\n{result.stdout}"
+    for path in written:
+        got = json.loads(path.read_text())
+        assert got["suite"] == suite and got["figures"], path
+        assert "--results-dir" not in got["command"], got["command"]
+    assert _tree_state(*guarded) == before, f"{suite} --quick wrote into the repository"
+    assert had_data or not (ROOT / "bench-data").exists(), f"{suite} --quick made bench-data/"
+    if suite == "peers":  # it says which contenders ran and which venvs it missed
+        assert "contenders: " in result.stderr, result.stderr[-2000:]
+
+
+def test_all_prints_its_plan_within_the_ninety_minutes():
+    """``all --dry-run``: every suite in page order with an estimate, the total under the 90
+    minutes the whole page may take (data already generated), then each suite's command; --skip
+    leaves suites out."""
+    result = _run("all", "--dry-run", "--skip", "pixels")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "skipped: pixels" in lines[0]
+    table = [line.split() for line in lines[1:lines.index(next(x for x in lines if
+                                                                 x.split()[0] == "total"))]]
+    assert [r[0] for r in table] == [s for s in registry.MODULES if s != "pixels"]
+    assert [line.split()[3] for line in lines[1:] if line.startswith("python -m benchmarks ")] == \
+        [r[0] for r in table]
+    result = _run("all", "--dry-run")
+    total = next(line.split() for line in result.stdout.splitlines()
+                 if line.split()[0] == "total")
+    assert total[2] == "min" and int(total[1]) < 90, result.stdout
+    assert _run("all", "--skip", "no-such-suite").returncode != 0
+
+
+@pytest.mark.slow
+def test_all_quick_runs_the_suites_then_the_report(tmp_path):
+    """``all --quick`` with all but one suite skipped: that suite's result and the page made
+    from it land in the results folder; docs/benchmarks.md is left alone."""
+    out = tmp_path / "results"
+    page = (ROOT / "docs" / "benchmarks.md").read_bytes()
+    keep = "decode"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "all", "--quick", "--data-dir", str(tmp_path / "d"),
+         "--results-dir", str(out), "--skip", ",".join(s for s in registry.MODULES if s != keep)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (out / f"{keep}.json").exists() and "== report" in result.stdout
+    assert (out / "benchmarks.md").exists()
+    assert (ROOT / "docs" / "benchmarks.md").read_bytes() == page
+
+
+def test_all_names_the_suite_that_failed_runs_the_others_and_exits_1(monkeypatch, capsys):
+    """A suite that fails does not stop the run: the next ones and the report still run, the
+    summary and the exit status say which failed (the suites' processes replaced by stubs)."""
+    from benchmarks import run_all
+
+    ran = []
+
+    def fake_run(cmd, cwd=None):
+        ran.append(cmd[3])
+        return subprocess.CompletedProcess(cmd, 1 if cmd[3] == "read" else 0)
+
+    monkeypatch.setattr(run_all.subprocess, "run", fake_run)
+    with pytest.raises(SystemExit) as exit_:
+        run_all.main(["--quick", "--skip", "pack,convert,peers,trees,stages,checks,remote,"
+                      "fastlink,mix,scale,engines,checkpoint,faults,pixels"])
+    assert exit_.value.code == 1
+    assert ran == ["read", "decode", "report"]
+    captured = capsys.readouterr()
+    assert "== read FAILED (exit 1)" in captured.out and "failed: read" in captured.err

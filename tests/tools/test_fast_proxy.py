@@ -17,6 +17,7 @@ import requests
 import xxhash
 
 from testbed.servers import NginxServer, ServerStartError, SpliceProxy, find_nginx, free_port
+from testbed.skips import REQUIRE_SERVERS, skip_or_fail
 
 BIG = 200 * 2**20
 
@@ -27,7 +28,8 @@ def nginx(tmp_path_factory):
     stopped by this module."""
     binary = find_nginx()
     if binary is None:
-        pytest.skip("nginx is not installed (scripts/setup.sh installs it: apt-get install nginx)")
+        skip_or_fail("nginx is not installed (scripts/setup.sh installs it: apt-get install nginx)",
+                     REQUIRE_SERVERS)
     root = tmp_path_factory.mktemp("www")
     (root / "big.bin").write_bytes(os.urandom(BIG))
     (root / "small.bin").write_bytes(os.urandom(1000))
