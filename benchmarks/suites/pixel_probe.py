@@ -65,35 +65,6 @@ def make_tiles(out: str, count: int, lo: int, hi: int, formats: list) -> dict:
 
 # ------------------------------------------------------------------------------ the loaders
 
-class PillowSized:
-    """The trees suite's plain Pillow loader (open, RGB, torchvision's random-resized crop,
-    bilinear resize, flip, uint8 CHW) at an output side of its own."""
-
-    def __init__(self, root: str, size: int):
-        self.items = [(os.path.join(root, rel), ci) for rel, ci in c.list_tree(root)]
-        self.size = size
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int):
-        import numpy as np
-        import torch
-        from PIL import Image
-
-        from benchmarks.suites.trees import rrc_params
-
-        path, label = self.items[index]
-        with open(path, "rb") as f:
-            img = Image.open(f).convert("RGB")
-        top, left, h, w = rrc_params(*img.size)
-        img = img.crop((left, top, left + w, top + h)).resize((self.size, self.size),
-                                                              Image.BILINEAR)
-        if torch.rand(1) < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        return torch.from_numpy(np.array(img)).permute(2, 0, 1), label
-
-
 def _loader(kind: str, path: str, size: int):
     """(the iterable, its set_epoch, the batch's images) of one contender."""
     if kind == "ffcv-raw":
@@ -109,7 +80,9 @@ def _loader(kind: str, path: str, size: int):
         return loader, lambda epoch: None, lambda batch: batch[0]
     from torch.utils.data import DataLoader
     if kind == "pillow":
-        dl = DataLoader(PillowSized(path, size), batch_size=BATCH, shuffle=True,
+        from benchmarks.suites.trees import PillowTree  # the trees suite's loader, at this side
+
+        dl = DataLoader(PillowTree(path, True, size), batch_size=BATCH, shuffle=True,
                         num_workers=WORKERS, persistent_workers=True)
         return dl, lambda epoch: None, lambda batch: batch[0]
     import shardpack

@@ -227,11 +227,11 @@ class PillowTree:
     takes; no torchvision): the tree's files in ImageFolder order, each opened with Pillow,
     converted to RGB, random-resized-cropped, resized bilinear and flipped as torchvision does;
     the sample is a float CHW tensor normalised as ``ToTensor()`` + ``Normalize()`` make it,
-    or with ``uint8`` the uint8 CHW tensor. Returns (tensor, class index)."""
+    or with ``uint8`` the uint8 CHW tensor, ``size`` a side. Returns (tensor, class index)."""
 
-    def __init__(self, root, uint8: bool):
+    def __init__(self, root, uint8: bool, size: int = SIZE):
         self.items = [(os.path.join(root, rel), ci) for rel, ci in c.list_tree(root)]
-        self.uint8 = uint8
+        self.uint8, self.size = uint8, size
 
     def __len__(self) -> int:
         return len(self.items)
@@ -245,7 +245,8 @@ class PillowTree:
         with open(path, "rb") as f:
             img = Image.open(f).convert("RGB")
         top, left, h, w = rrc_params(*img.size)
-        img = img.crop((left, top, left + w, top + h)).resize((SIZE, SIZE), Image.BILINEAR)
+        img = img.crop((left, top, left + w, top + h)).resize((self.size, self.size),
+                                                              Image.BILINEAR)
         if torch.rand(1) < 0.5:
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
         x = torch.from_numpy(np.array(img)).permute(2, 0, 1)

@@ -69,8 +69,8 @@ def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
     plan = size = crop = None
     codec = claimed_codec(data)
     if codec is not None and codec.stored_pixels:
-        pixels = _stored(codec, data, max_pixels)
-        if pixels is not None:  # no decode: the crop is a view of the stored pixels
+        pixels = codec.decode(data, 0, max_pixels)  # a view of the bytes (writable where they
+        if not isinstance(pixels, str):           # are: a batch slot's memoryview), no decode
             plan = plan_crop(pixels.shape[0], pixels.shape[1], opts, rnd)
             crop = pixels[plan.top:plan.top + plan.height, plan.left:plan.left + plan.width]
             return resize_crop(crop, opts.size, out, flip=plan.flip)
@@ -82,20 +82,6 @@ def decode_image(data, opts: TransformSpec, rnd: SampleRandom | None = None,
             plan = plan_crop(pixels.shape[0], pixels.shape[1], opts, rnd)
         crop = pixels[plan.top:plan.top + plan.height, plan.left:plan.left + plan.width]
     return resize_crop(crop, opts.size, out, flip=plan.flip)
-
-
-def _stored(codec, data, max_pixels: int | None) -> np.ndarray | None:
-    """Stored pixels (raw ``rgb.npy``) as a view of ``data`` (writable where ``data`` is: a
-    batch slot's memoryview), once their header is checked against the bytes and the decode
-    budget; None where it is not (``decode_rgb`` then says why)."""
-    from shardpack.images.budget import check_size
-
-    try:
-        height, width, offset = codec.layout(data)
-    except ValueError:
-        return None
-    check_size(width, height, max_pixels)
-    return np.frombuffer(data, np.uint8, height * width * 3, offset).reshape(height, width, 3)
 
 
 class JpegPlan(NamedTuple):

@@ -195,8 +195,7 @@ class _Columns:
 _MISSING = int(fmt.MISSING)
 
 
-def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns,
-                 form: PixelForm | None = None):
+def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns, form: PixelForm):
     """(``[(name, bytes or FileStream)]`` of the sample's fields, whether one is a
     FileStream), or (None, False) when one cannot be read and ``--skip-bad`` skips the sample
     (counted in ``columns``).  Runs once per field packed: fields under the streaming size
@@ -210,10 +209,10 @@ def _read_fields(sample, prepare, opts, readers: dict, columns: _Columns,
             else:
                 data = _large_field(sf, prepare, opts, readers)
                 streamed = streamed or isinstance(data, FileStream)
-            if form is not None and form.converts and not isinstance(data, FileStream):
-                fields.append(form.store(sf.name, data, sf.reader.where(sf)))
+            if isinstance(data, FileStream):  # a file packed as it is (never an image --pixels
+                fields.append((sf.name, data))  # converts: those are prepared)
             else:
-                fields.append((sf.name, data))
+                fields.append(form.store(sf.name, data, sf.reader.where(sf)))
         _check_names(fields, sample)
         return fields, streamed
     except SourceError as exc:

@@ -82,10 +82,15 @@ class Codec:
         return pillow_rgb(data, self.name, min_side, max_pixels, draft=False)
 
     def reencode(self, image, quality: int, keep: dict) -> bytes:
-        """A Pillow image saved in this format (``keep``: EXIF and ICC profile to carry)."""
+        """A Pillow image saved in this format with :meth:`save_options` (``keep``: EXIF and
+        ICC profile to carry)."""
         out = io.BytesIO()
-        image.save(out, self.name, **keep)
+        image.save(out, self.name, **self.save_options(quality), **keep)
         return out.getvalue()
+
+    def save_options(self, quality: int) -> dict:
+        """Pillow's save options of this format at ``quality`` (none by default)."""
+        return {}
 
     def prepare(self, image, size: tuple[int, int]):
         """The opened image before a resize to ``size`` (JPEG: a DCT-domain draft)."""

@@ -3,7 +3,6 @@ at a DCT scale where a smaller image will do; the region decoder and nvJPEG take
 
 from __future__ import annotations
 
-import io
 import struct
 
 import numpy as np
@@ -194,12 +193,14 @@ class JpegCodec(Codec):
         return image
 
     def reencode(self, image, quality: int, keep: dict) -> bytes:
-        """Saved at ``quality``, in a mode JPEG holds."""
+        """Saved in a mode JPEG holds."""
         if image.mode not in ("RGB", "L", "CMYK"):
             image = image.convert("RGB")
-        out = io.BytesIO()
-        image.save(out, self.name, quality=quality, **keep)
-        return out.getvalue()
+        return super().reencode(image, quality, keep)
+
+    def save_options(self, quality: int) -> dict:
+        """At ``quality``."""
+        return {"quality": quality}
 
 
 JPEG = JpegCodec()

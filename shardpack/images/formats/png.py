@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import struct
 
 from shardpack.images.formats.base import Codec
@@ -88,11 +87,9 @@ class PngCodec(Codec):
         """At most :data:`DEFLATE_MAX_RATIO` x the IDAT bytes of filtered pixel data."""
         return _png_capacity(data)
 
-    def reencode(self, image, quality: int, keep: dict) -> bytes:
-        """Lossless (``quality`` does not apply)."""
-        out = io.BytesIO()
-        image.save(out, self.name, optimize=False, **keep)
-        return out.getvalue()
+    def save_options(self, quality: int) -> dict:
+        """Lossless (``quality`` does not apply), not optimised (a pack stays fast)."""
+        return {"optimize": False}
 
 
 PNG = PngCodec()

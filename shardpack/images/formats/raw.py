@@ -104,12 +104,10 @@ class RawCodec(Codec):
         from shardpack.images.budget import check_size
 
         try:
-            height, width, offset = parse_header(_getter(data))
+            height, width, offset = self.layout(data)
         except ValueError as exc:
             return str(exc)
         check_size(width, height, max_pixels)
-        if len(data) != offset + height * width * 3:
-            return self.check(data)
         return np.frombuffer(data, np.uint8, height * width * 3, offset).reshape(height, width, 3)
 
     def encode(self, image, quality: int = 90) -> bytes:

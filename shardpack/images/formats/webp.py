@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import struct
 
 from shardpack.images.formats.base import Codec
@@ -70,11 +69,9 @@ class WebpCodec(Codec):
         """The RIFF size against the file's, and the chunk walk."""
         return _check_webp(data)
 
-    def reencode(self, image, quality: int, keep: dict) -> bytes:
-        """Saved at ``quality``."""
-        out = io.BytesIO()
-        image.save(out, self.name, quality=quality, **keep)
-        return out.getvalue()
+    def save_options(self, quality: int) -> dict:
+        """At ``quality``."""
+        return {"quality": quality}
 
 
 WEBP = WebpCodec()
