@@ -136,16 +136,29 @@ def _file_system(path: Path) -> str:
     return fs
 
 
+# What suites write: a change there is a result, not a change to the code under test, so that the
+# suites of one `benchmarks all` run (each writing its result before the next starts) all read as
+# the clean commit they ran on.
+OUTPUTS = ("benchmarks/results", "docs/benchmarks.md", "docs/reliability.md")
+
+
 def commit() -> str:
-    """The commit of the shardpack under test (``git describe --dirty`` of its tree), or what the
-    A/B harness says it is (SHARDPACK_BENCH_COMMIT: its trees are not checkouts)."""
+    """The commit of the shardpack under test (its short hash, ``-dirty`` where a tracked file
+    other than the suites' :data:`OUTPUTS` differs from it), or what the A/B harness says it is
+    (SHARDPACK_BENCH_COMMIT: its trees are not checkouts)."""
     if os.environ.get("SHARDPACK_BENCH_COMMIT"):
         return os.environ["SHARDPACK_BENCH_COMMIT"]
     import shardpack
     tree = Path(shardpack.__file__).resolve().parents[1]
-    done = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty",
-                           "--exclude", "*"], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    if not head:
+        return "unknown"
+    changed = subprocess.run(["git", "-C", str(tree), "status", "--porcelain",
+                              "--untracked-files=no", "--", "."]
+                             + [f":(exclude){p}" for p in OUTPUTS],
+                             capture_output=True, text=True).stdout.strip()
+    return f"{head}-dirty" if changed else head
 
 
 def shardpack_version() -> str:

@@ -235,3 +235,15 @@ def test_auto_keeps_jpeg_and_stores_small_lossless_images_raw(tmp_path):
               for i in range(len(reader))}
     assert stored == {"c0/small_png": ["rgb.npy"], "c0/small_bmp": ["rgb.npy"],
                       "c0/small_jpg": ["jpg"], "c0/small_webp": ["webp"], "c0/big": ["png"]}
+
+
+def test_two_images_of_one_sample_cannot_both_become_raw_pixels(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    pixels = np.zeros((8, 8, 3), np.uint8)
+    Image.fromarray(pixels).save(src / "0001.jpg")
+    Image.fromarray(pixels).save(src / "0001.png")  # WebDataset grouping: one sample, two images
+    with pytest.raises(ShardpackError, match="two fields would be stored as 'rgb.npy'") as info:
+        shardpack.pack(src, tmp_path / "ds", pixels="raw", group="webdataset")
+    assert "0001" in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "ds" / "shardpack.json").exists()  # nothing published

@@ -214,3 +214,29 @@ def test_all_names_the_suite_that_failed_runs_the_others_and_exits_1(monkeypatch
     assert ran == ["read", "decode", "report"]
     captured = capsys.readouterr()
     assert "== read FAILED (exit 1)" in captured.out and "failed: read" in captured.err
+
+
+def test_a_result_reads_as_its_commit_unless_code_changed(tmp_path, monkeypatch):
+    """The suites' own outputs (results, the generated pages) leave a run's commit clean; any
+    other change to a tracked file marks it dirty."""
+    import subprocess
+
+    from benchmarks import results
+
+    repo = tmp_path / "repo"
+    (repo / "shardpack").mkdir(parents=True)
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    (repo / "shardpack" / "__init__.py").write_text("")
+    (repo / "benchmarks" / "results" / "x.json").write_text("{}")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True)
+    monkeypatch.delenv("SHARDPACK_BENCH_COMMIT", raising=False)
+    monkeypatch.setattr("shardpack.__file__", str(repo / "shardpack" / "__init__.py"))
+    head = results.commit()
+    assert head and not head.endswith("-dirty")
+    (repo / "benchmarks" / "results" / "x.json").write_text('{"new": 1}')
+    assert results.commit() == head
+    (repo / "shardpack" / "__init__.py").write_text("# changed")
+    assert results.commit() == head + "-dirty"
