@@ -247,7 +247,7 @@ def counters_dataset(run):
     import shardpack
 
     out = run.data_dir / f"stages-counters-{COUNTER_SAMPLES}"
-    if not (out / "manifest.json").exists():
+    if not (out / "shardpack.json").exists():  # packed: its manifest is written last
         src = run.data_dir / f"stages-counters-src-{COUNTER_SAMPLES}"
         rng = __import__("random").Random(0)
         for i in range(COUNTER_SAMPLES):
