@@ -205,11 +205,13 @@ def measure(config: Config, seconds: float, warmup: int = 2) -> dict:
     usage.stop(end)
     table = loader.stats()
     wall = loader.stats["wall_s"]
+    host_wait = loader.wait_fraction
+    del loader  # its workers leave now, before the caller builds another (docs/reading.md)
     return dict(
         samples=int(sum(sizes)), batches=len(arrivals) - 1, seconds=end - arrivals[0],
         samples_per_s=sum(sizes) / (end - arrivals[0]), window_rates=window_rates(arrivals, sizes),
         wait_fraction=idle["idle_fraction"], timing=idle["timing"],
-        host_wait_fraction=loader.wait_fraction, stages=stage_shares(table, wall, config),
+        host_wait_fraction=host_wait, stages=stage_shares(table, wall, config),
         cores=usage.cores, peak_bytes=usage.peak_bytes, first_batch_s=first_batch)
 
 

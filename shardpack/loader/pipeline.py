@@ -15,7 +15,9 @@ then, in :class:`~shardpack.DeviceLoader`, pin -> device.
 
 from __future__ import annotations
 
+import inspect
 import time
+import weakref
 from typing import Callable
 
 from shardpack.loader.counters import FLUSH_S, Counts, StageTable
@@ -209,11 +211,19 @@ class Stats(dict):
 
     def __init__(self, table, counts: dict):
         super().__init__(counts)
-        self._table = table
+        # An owner's bound method is held weakly: owner -> stats -> method -> owner is a cycle,
+        # and a loader in a cycle outlives ``del`` until a garbage collection, which then shuts
+        # its persistent DataLoader workers down in whatever thread it runs in, after the
+        # queues' feeder threads were finalised: each worker waits out torch's 5 s join
+        # (docs/reading.md, "Letting a loader go").
+        self._table = weakref.WeakMethod(table) if inspect.ismethod(table) else table
 
     def __call__(self) -> dict[str, dict[str, float]]:
         """Stage name -> its counters summed over workers, up to the last flush."""
         table = self._table
+        if isinstance(table, weakref.WeakMethod):
+            method = table()
+            return method() if method is not None else {}
         return table() if callable(table) else table.totals()
 
     def reset_stages(self) -> None:

@@ -1,8 +1,11 @@
 """The read pipeline's stages: one save/restore check on every stage, threads against processes
 (same samples, order and crops), the per-stage counters, and the torchdata node."""
 
+import gc
+import os
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -224,6 +227,47 @@ def test_device_loader_stats_add_its_own_stages(images):
     assert table["device"]["items"] == table["decode"]["items"] == batches
     assert loader.stats["batches"] == batches  # the named counts are as before
     assert table["idle"]["timing"] == "host" and table["idle"]["epoch_starts"] == 1
+
+
+def _children() -> set[int]:
+    """This process's child processes (every thread's), from /proc."""
+    import glob
+
+    out = set()
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        with open(path) as f:
+            out.update(int(pid) for pid in f.read().split())
+    return out
+
+
+@pytest.mark.parametrize("execution", ["threads", "processes"])
+def test_a_dropped_loader_is_freed_at_once_and_its_workers_leave(images, execution):
+    """No shardpack object of a loader is in a reference cycle: ``del`` frees it, and a
+    DataLoader's persistent workers leave then, not at some later garbage collection in another
+    loader's thread (which cost 5 s a worker, and stalled the next loader's first batch)."""
+    before = _children()
+    ds = _dataset(images, execution=execution, **({"workers": 2} if execution == "threads" else {}))
+    workers = 0 if execution == "threads" else 1
+    loader = shardpack.DeviceLoader(
+        DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0),
+        decode_on="cpu", spec=ds.decode.spec)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert sum(1 for _ in loader) > 0
+    assert loader.stats()["decode"]["items"] > 0
+    started = _children() - before
+    assert len(started) == workers, started
+    refs = [weakref.ref(obj) for obj in (loader, loader.loader, ds)]
+    gc.disable()  # what is freed now is freed by reference counts alone
+    try:
+        del loader, ds
+        assert [ref() is None for ref in refs] == [True] * 3
+        deadline = time.monotonic() + 3.0
+        while started & _children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not started & _children(), "the workers outlived their loader"
+    finally:
+        gc.enable()
 
 
 class _SlowBatches:
