@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,40 @@ def test_the_page_is_generated_from_the_results(tmp_path):
     assert page == (ROOT / "docs" / "benchmarks.md").read_text(), \
         "docs/benchmarks.md is stale: run `python -m benchmarks report`"
     assert "stop " not in page.lower() and "issue " not in page.lower()
+
+
+def test_every_figures_block_in_the_docs_is_the_results_own():
+    """A table of a suite's figures in README.md or docs/ sits in a figures block that the report
+    writes; none is stale."""
+    from benchmarks import report, results
+
+    stale = report.stale_pages(results.RESULTS)
+    assert not stale, f"run `python -m benchmarks report`: stale figures in {stale}"
+    blocks = [m["suite"] for page in report.pages() for m in report.BLOCK.finditer(page.read_text())]
+    assert {"checkpoint", "scale", "peers"} <= set(blocks), blocks
+
+
+CITED = re.compile(r"python -m benchmarks (?P<suite>[\w-]+)[^`]*` on (?P<commit>[0-9a-f]{7,40})")
+
+
+def test_a_figure_quoted_in_the_docs_names_the_run_it_comes_from():
+    """A sentence that quotes a suite's figures as "(`python -m benchmarks SUITE ...` on COMMIT)"
+    names a commit that one of that suite's result files was measured on."""
+    from benchmarks import report, results
+
+    measured: dict = {}
+    for run in results.load(results.RESULTS):
+        measured.setdefault(run["suite"], set()).add(run["commit"])
+    cited = []
+    for page in report.pages():
+        text = " ".join(page.read_text().split())  # a citation may break across lines
+        for m in CITED.finditer(text):
+            cited.append(m["suite"])
+            commits = measured.get(m["suite"], set())
+            assert any(c.startswith(m["commit"]) and not c.endswith("-dirty")
+                       for c in commits), \
+                f"{page.name} quotes {m['suite']} on {m['commit']}; its results: {commits}"
+    assert cited, "no citation found: the pattern no longer matches the docs"
 
 
 def test_an_unknown_suite_is_one_line_and_exit_2():
