@@ -53,7 +53,8 @@ def test_every_figures_block_in_the_docs_is_the_results_own():
 
     stale = report.stale_pages(results.RESULTS)
     assert not stale, f"run `python -m benchmarks report`: stale figures in {stale}"
-    blocks = [m["suite"] for page in report.pages() for m in report.BLOCK.finditer(page.read_text())]
+    blocks = [m["suite"] for page in report.pages()
+              for m in report.BLOCK.finditer(page.read_text())]
     assert {"checkpoint", "scale", "peers"} <= set(blocks), blocks
 
 
