@@ -29,6 +29,10 @@ EXECUTIONS = ("processes", "threads")
 TRIAL_START_S = 3.0    # a trial's fixed cost before its measured part (interpreter, workers)
 MIN_MEASURE_S = 2.0    # never measure a trial for less than this
 RESIZE_SAMPLE = 1000   # samples packed for the pack-time resize lever
+# The cache lever's two trials name their cache_dir by these, resolved to a real folder in the
+# sweep's work folder just before a trial runs (run_trial): never a path a user could give.
+FRESH_CACHE = "<a fresh cache>"
+FILLED_CACHE = "<the cache the last cold trial filled>"
 
 
 @dataclass(frozen=True)
@@ -212,8 +216,8 @@ def _remote_levers(base: Config, data: Data, skipped: list) -> list:
         return []
     out = [base.but(name=f"prefetch_shards {p}", lever="prefetch_shards", prefetch_shards=p)
            for p in (2, 8) if p != base.prefetch_shards]
-    out.append(base.but(name="cache (cold)", lever="cache", cache_dir="cold"))
-    out.append(base.but(name="cache (cached)", lever="cache", cache_dir="cached"))
+    out.append(base.but(name="cache (cold)", lever="cache", cache_dir=FRESH_CACHE))
+    out.append(base.but(name="cache (cached)", lever="cache", cache_dir=FILLED_CACHE))
     return out
 
 
@@ -238,7 +242,7 @@ def combine(measured: list, cores: int) -> list[Config]:
         rate = summary(m)["samples_per_s"]
         if rate >= floor and rate > best.get(lever, (0, None))[0]:
             best[lever] = (rate, m.config)
-    cached = next((m for m in singles if m.config.cache_dir == "cached"), None)
+    cached = next((m for m in singles if m.config.cache_dir == FILLED_CACHE), None)
     tuned = base.config
     for _, config in best.values():
         tuned = tuned.but(**{f.name: getattr(config, f.name) for f in dataclasses.fields(Config)
@@ -246,7 +250,7 @@ def combine(measured: list, cores: int) -> list[Config]:
                              and f.name not in ("name", "lever")})
     names = [c.name for _, c in best.values()]
     if cached is not None and summary(cached)["samples_per_s"] >= floor:
-        tuned = tuned.but(cache_dir="cached")
+        tuned = tuned.but(cache_dir=FILLED_CACHE)
         names.append("cached")
     if tuned == base.config:
         return []
@@ -260,12 +264,20 @@ def combine(measured: list, cores: int) -> list[Config]:
     return out
 
 
+def with_cache(config: Config, workdir: str, caches: dict) -> Config:
+    """``config`` with the cache lever's markers made real folders: :data:`FRESH_CACHE` a new
+    one in ``workdir``, :data:`FILLED_CACHE` the last fresh one (``caches["last"]``); any other
+    ``cache_dir`` (the user's own) as given."""
+    if config.cache_dir not in (FRESH_CACHE, FILLED_CACHE):
+        return config
+    if config.cache_dir == FRESH_CACHE or "last" not in caches:
+        caches["last"] = tempfile.mkdtemp(prefix="cache-", dir=workdir)
+    return config.but(cache_dir=caches["last"])
+
+
 def run_trial(config: Config, seconds: float, workdir: str, caches: dict) -> dict:
     """One trial in a process of its own, with a deadline; its result, or ``{"error": ...}``."""
-    if config.cache_dir in ("cold", "cached"):  # cold: a fresh cache; cached: the last cold one
-        if config.cache_dir == "cold" or "last" not in caches:
-            caches["last"] = tempfile.mkdtemp(prefix="cache-", dir=workdir)
-        config = config.but(cache_dir=caches["last"])
+    config = with_cache(config, workdir, caches)
     request = json.dumps({"config": dataclasses.asdict(config), "seconds": seconds})
     limit = seconds * 3 + 60
     try:

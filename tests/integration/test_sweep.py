@@ -17,8 +17,8 @@ import shardpack
 from shardpack.cli.main import main as cli
 from shardpack.inspect import verdict
 from shardpack.core.errors import ShardpackError
-from shardpack.inspect.sweep import (Data, Measured, Sweep, SweepOptions, plan, remove, sweep,
-                                     workspace)
+from shardpack.inspect.sweep import (FILLED_CACHE, FRESH_CACHE, Data, Measured, Sweep,
+                                     SweepOptions, plan, remove, sweep, with_cache, workspace)
 from shardpack.inspect.trial import Config, measure
 
 SLOW_TRANSFORM = '''
@@ -196,3 +196,17 @@ def test_model_step_targets_are_the_classes_or_zeros():
     for batch in ({}, {"cls": ["a", "b", "c"]}, {"cls": torch.zeros(2, dtype=torch.int64)},
                   {"cls": torch.zeros(3)}):
         assert labels(batch, images).tolist() == [0, 0, 0]
+
+
+def test_the_cache_lever_uses_its_own_folders_and_leaves_the_users_alone(tmp_path):
+    """The cold trial gets a fresh cache in the sweep's work folder and the cached trial the one it
+    filled; a start whose own cache folder is called ``cold`` or ``cached`` keeps it."""
+    base = Config(name="start", lever="start", path="http://127.0.0.1:1/ds")
+    caches: dict = {}
+    cold = with_cache(base.but(cache_dir=FRESH_CACHE), str(tmp_path), caches).cache_dir
+    warm = with_cache(base.but(cache_dir=FILLED_CACHE), str(tmp_path), caches).cache_dir
+    assert os.path.dirname(cold) == str(tmp_path) and os.path.isdir(cold) and warm == cold
+    again = with_cache(base.but(cache_dir=FRESH_CACHE), str(tmp_path), caches).cache_dir
+    assert again != cold
+    for own in ("cold", "cached", str(tmp_path / "mine")):
+        assert with_cache(base.but(cache_dir=own), str(tmp_path), caches).cache_dir == own
