@@ -248,3 +248,49 @@ def test_a_short_sparse_header_is_one_error(tmp_path, suffix):
     archive.write_bytes(gzip.compress(raw, mtime=0) if suffix == ".tar.gz" else raw)
     with pytest.raises(SourceError, match=r"s\.tar(\.gz)?: "):
         convert(archive, tmp_path / "out", workers=1)
+
+
+def test_the_scan_of_a_local_tar_asks_the_kernel_to_read_ahead(tmp_path, monkeypatch):
+    """A cold tar's header scan would wait on the disk at every member: the scan hints the
+    kernel (WILLNEED) window by window ahead of it, over the whole file, and the data converted
+    is the same."""
+    import io
+    import os
+
+    from shardpack.interop.sources import webdataset as wds
+
+    src = tmp_path / "src"
+    src.mkdir()
+    members = {f"{i:04d}.bin": bytes([i % 251]) * (3000 + i) for i in range(60)}
+    with tarfile.open(src / "shard-0.tar", "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, fileobj=io.BytesIO(data))
+    size = (src / "shard-0.tar").stat().st_size
+    hints = []
+    real = os.posix_fadvise
+
+    def record(fd, offset, length, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            hints.append((offset, length))
+        return real(fd, offset, length, advice)
+    monkeypatch.setattr(wds.os, "posix_fadvise", record)
+    monkeypatch.setattr(wds.ReadAhead, "WINDOW", 32 << 10)
+    convert(str(src), str(tmp_path / "out"), workers=1)
+    assert len(hints) >= size // (32 << 10) - 1, hints
+    covered = sorted(hints)
+    assert covered[0][0] == 0 and covered[-1][0] + covered[-1][1] >= size - (32 << 10), covered
+    assert all(a + n == b for (a, n), (b, _) in zip(covered, covered[1:], strict=False)), covered
+    got = converted(tmp_path / "out")
+    assert {k: v["bin"] for k, v in got.items()} == {n[:-4]: d for n, d in members.items()}
+
+
+def test_a_file_without_a_descriptor_is_scanned_without_hints():
+    import io
+
+    from shardpack.interop.sources.webdataset import ReadAhead
+
+    ahead = ReadAhead(io.BytesIO(b"x" * 10))
+    assert ahead.fd is None
+    ahead.reach(0)  # no hint, no error

@@ -15,6 +15,7 @@ hidden files.
 from __future__ import annotations
 
 import functools
+import os
 import tarfile
 from typing import Iterator
 
@@ -117,7 +118,9 @@ class WebDatasetSource(ContainerSource):
         total = self.storage.size(name)
         pos, count, last = 0, 0, None
         with self.storage.open(name) as f:
+            ahead = ReadAhead(f)
             while pos + fmt.TAR_BLOCK <= total:
+                ahead.reach(pos)
                 m = _header_at(f, pos, count, last, shown)
                 if m is None:
                     return
@@ -173,6 +176,36 @@ class WebDatasetSource(ContainerSource):
             except READ_ERRORS as exc:
                 raise SourceError(f"{_nth(count, last)}: not a readable compressed tar: "
                                   f"{type(exc).__name__}: {exc}", path=shown) from None
+
+
+class ReadAhead:
+    """Asks the kernel to start reading a local tar ahead of the header scan
+    (``posix_fadvise(WILLNEED)`` on the next :attr:`WINDOW` bytes whenever the scan passes half
+    of the last window).  Cold, the scan's small reads a member apart were each a wait on the disk
+    (the kernel does not read ahead for a seeking reader), and the shard writers then read the
+    same bytes again; with the hint both find the pages there.  A file without a descriptor
+    (a remote one) or a system without the call: no hint, nothing else changes."""
+
+    WINDOW = 8 << 20
+
+    def __init__(self, f):
+        try:
+            self.fd = f.fileno() if hasattr(os, "posix_fadvise") else None
+        except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
+            self.fd = None
+        self.hinted = 0  # bytes from the start of the file hinted so far
+
+    def reach(self, pos: int) -> None:
+        """The scan is at byte ``pos``: hint the next window once it is half used."""
+        if self.fd is None or pos + self.WINDOW // 2 < self.hinted:
+            return
+        start = max(self.hinted, pos)
+        try:
+            os.posix_fadvise(self.fd, start, self.WINDOW, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            self.fd = None
+            return
+        self.hinted = start + self.WINDOW
 
 
 def _header_at(f, pos: int, count: int, last: str | None, shown: str):
