@@ -43,7 +43,9 @@ fi
 # A C compiler and the libjpeg-turbo headers build the region JPEG decoder (setup.py,
 # docs/device.md "Region decode"); without them shardpack installs without it and decodes whole
 # JPEGs at a DCT scale instead. The libxxhash headers build the batch hash (docs/reading.md,
-# "Integrity"); without them samples are hashed one xxhash call each (slower beside busy threads).
+# "Integrity") and the batch crop of raw pixels (docs/images.md, "Raw pixels"); without them
+# samples are hashed one xxhash call each (slower beside busy threads) and raw pixels are cropped
+# one sample at a time (the same pixels, slower).
 if ! command -v gcc >/dev/null || [ ! -f /usr/include/jpeglib.h ] || \
     [ ! -f /usr/include/xxhash.h ]; then
   apt_install "JPEGs will decode without the region decoder (slower), samples hash one call each" \
@@ -64,3 +66,5 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[dev]"
 .venv/bin/python -c 'from shardpack.images import jpegcrop; print("setup.sh: region JPEG decode",
     "built" if jpegcrop.available() else "NOT built (see docs/device.md, Region decode)")' || true
+.venv/bin/python -c 'from shardpack.images.formats import raw; print("setup.sh: raw pixel batch crop",
+    "built" if raw.batch_extension() else "NOT built (see docs/images.md, Raw pixels)")' || true

@@ -98,24 +98,31 @@ def _loader(kind: str, path: str, size: int):
     return loader, loader.set_epoch, lambda batch: batch["image"]
 
 
-def epochs(kind: str, path: str, size: int, count: int) -> dict:
-    """Child: ``count`` epochs of one contender, each batch's images touched; images/s and CPU
-    seconds (this process, its threads and workers, from /proc) over the epochs after the first
-    (the first pays the workers' start and FFCV's compilation)."""
+def epochs(kind: str, path: str, size: int, count: int, min_s: float = 0.0) -> dict:
+    """Child: ``count`` epochs of one contender, and more while those after the first have run
+    less than ``min_s`` seconds (an epoch of 5,000 small images can take 20 ms: a few of them are
+    too short a time to measure on a shared machine), each batch's images touched; images/s and
+    CPU seconds (this process, its threads and workers, from /proc) over the epochs after the
+    first (the first pays the workers' start and FFCV's compilation), epoch starts included."""
     import torch  # noqa: F401  (imported before the clock starts, as the loaders' modules are)
     loader, set_epoch, images = _loader(kind, path, size)
     n = seconds = cpu = 0.0
-    for epoch in range(count):
+    epoch = 0
+    while epoch < count or (count > 1 and seconds < min_s):
         set_epoch(epoch)
         cpu0, t0, k = c.process_cpu(c.descendants(os.getpid())), time.perf_counter(), 0
         for batch in loader:
             x = images(batch)
-            x.flatten()[0].item()
+            # one element read, no copy: flatten() copied shardpack's channels-last batches
+            # (NCHW shape, NHWC memory) whole, a cost the others' contiguous batches never paid
+            x[(0,) * x.dim()].item()
             k += len(x)
         if epoch or count == 1:
             n, seconds = n + k, seconds + time.perf_counter() - t0
             cpu += c.process_cpu(c.descendants(os.getpid())) - cpu0
-    return dict(rate=n / seconds, cpu_per_image=cpu / n, cores=cpu / seconds, n=int(n))
+        epoch += 1
+    return dict(rate=n / seconds, cpu_per_image=cpu / n, cores=cpu / seconds, n=int(n),
+                epochs=epoch)
 
 
 def ffcv_version() -> str:
@@ -155,9 +162,11 @@ def write_ffcv(src: str, out: str) -> dict:
 def crossover(sides: list, per_side: int, min_s: float) -> dict:
     """Child, one thread: for each side, ``per_side`` square tiles stored as JPEG (quality 90),
     PNG and raw (.npy); the median over passes (each at least ``min_s`` s) of the per-image time
-    of ``decode_image`` (the README pipeline's crop + resize to min(side, 224), flip) and the mean
-    bytes of each form. The time is this thread's CPU time (a neighbour's load on a shared machine
-    does not count), the forms alternating pass by pass. {side: {form: {"s": ..., "bytes":
+    of CpuDecode's decode of them as one batch (``decode_samples``: the README pipeline's crop +
+    resize to min(side, 224), flip; JPEG crops by the region decoder a chunk at a time, raw
+    pixels by the batch crop, PNG one by one) and the mean bytes of each form. The time is this
+    thread's CPU time (a neighbour's load on a shared machine does not count), the forms
+    alternating pass by pass. {side: {form: {"s": ..., "bytes":
     ...}}}."""
     import io
     import statistics
@@ -165,7 +174,9 @@ def crossover(sides: list, per_side: int, min_s: float) -> dict:
     import numpy as np
 
     from shardpack.images.formats.raw import pixels_npy
-    from shardpack.transforms.decode import decode_image
+    from shardpack.loader.batches import BytesBatch
+    from shardpack.transforms.batchdecode import decode_samples
+    from shardpack.transforms.decode import image_items
     from shardpack.transforms.spec import TransformSpec
 
     import torch
@@ -183,17 +194,27 @@ def crossover(sides: list, per_side: int, min_s: float) -> dict:
                 forms[fmt].append(buf.getvalue())
             forms["raw"].append(pixels_npy(np.asarray(img)))
         spec = TransformSpec(size=min(side, 224))
-        draws = [spec.random(0, i) for i in range(per_side)]
-        for blobs in forms.values():  # warm: the codecs' first calls
-            for data, rnd in zip(blobs, draws, strict=True):
-                decode_image(data, spec, rnd)
+        ids = np.arange(per_side, dtype=np.int64)
+        images = np.empty((per_side, spec.size, spec.size, 3), np.uint8)
+        fields = {"jpg": "jpg", "png": "png", "raw": "rgb.npy"}
+        items = {}
+        for form, blobs in forms.items():
+            data = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8)
+            offsets = torch.tensor([0, *np.cumsum([len(b) for b in blobs])], dtype=torch.int64)
+            items[form] = image_items({fields[form]: BytesBatch(data, offsets)}, fields[form])
+
+        def decode(form: str, spec=spec, items=items, ids=ids, images=images) -> None:
+            decode_samples(items[form], range(per_side), spec, lambda index: spec.random(0, index),
+                           None, images, lambda index, exc: False, batch_draws=(0, ids))
+
+        for form in forms:  # warm: the codecs' first calls
+            decode(form)
         times = {form: [] for form in forms}
         for _ in range(PASSES):  # the forms alternate, pass by pass
             for form, blobs in forms.items():
                 t0, k = time.thread_time(), 0
                 while k == 0 or time.thread_time() - t0 < min_s:
-                    for data, rnd in zip(blobs, draws, strict=True):
-                        decode_image(data, spec, rnd)
+                    decode(form)
                     k += len(blobs)
                 times[form].append((time.thread_time() - t0) / k)
         out[side] = {form: {"s": statistics.median(times[form]),

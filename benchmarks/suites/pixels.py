@@ -33,6 +33,9 @@ def options(p) -> None:
     p.add_argument("--images", type=int, default=5000, help="images per tree [5000]")
     p.add_argument("--epochs", type=int, default=4,
                    help="epochs per measurement; the rate counts those after the first [4]")
+    p.add_argument("--measure-s", type=float, default=2.0,
+                   help="more epochs while the counted ones have run less than this, seconds "
+                        "[2]")
     p.add_argument("--per-side", type=int, default=40,
                    help="tiles per side in the crossover probe [40]")
     p.add_argument("--min-s", type=float, default=0.3,
@@ -124,7 +127,7 @@ def measure_tree(run, tree: str, paths: dict) -> dict:
         for kind in c.rotated(list(paths), rep):
             py = c.LOADERS_PY if kind == "ffcv-raw" else None
             r = c.fresh(f"{PROBE}:epochs", kind, str(paths[kind]), size, run.args.epochs,
-                        python=py, timeout=1800)
+                        run.args.measure_s, python=py, timeout=1800)
             runs[kind].append(r)
             run.log(f"{tree} rep {rep} {kind:15s} {r['rate']:9.0f} images/s, "
                     f"{r['cpu_per_image'] * 1e6:7.1f} CPU-us/image on {r['cores']:.2f} cores")
@@ -248,7 +251,8 @@ def http_runs(run, packs: dict, limits: list) -> tuple[list, dict]:
 
 
 @suite("pixels", title="Pixels: raw pixels against encoded small images", options=options,
-       quick=dict(images=200, reps=1, epochs=2, per_side=4, min_s=0.05, http_mbps="20"),
+       quick=dict(images=200, reps=1, epochs=2, per_side=4, min_s=0.05, http_mbps="20",
+                  measure_s=0.0),
        measures="""Three ImageFolder trees of small images: 48x48 PNG icons (the machine's own,
        /usr/share/icons), ~64 px tiles (56-72 px a side, LANCZOS crops of scikit-image's photos)
        stored as JPEG quality 90 and as PNG, and 32x32 PNG tiles. Each is read by a plain Pillow
@@ -261,20 +265,25 @@ def http_runs(run, packs: dict, limits: list) -> tuple[list, dict]:
        by FFCV on an `RGBImageField(write_mode="raw")` .beton with
        `RandomResizedCropRGBImageDecoder` + flip (`ffcv-raw`, tiles64 and cifar32). Crops come
        out at the tree's own side (48, 64, 32); batch 256, shuffled, warm page cache; images/s and
-       CPU per image over the epochs after the first, each measurement in a fresh interpreter,
+       CPU per image over the epochs after the first (at least 2 s of them: more epochs where
+       3 took less; epoch starts included), each measurement in a fresh interpreter,
        the contenders alternated, medians. Bytes on disk of each form. The `auto` threshold:
-       square tiles of sides 32-384 as JPEG, PNG and raw, one thread timing `decode_image` (the
-       pipeline's crop + resize to min(side, 224)) per image; raw wins where storage delivers
-       more than (raw bytes - encoded bytes) / (encoded time - raw time) per core, the crossover,
-       which is set against the page cache's read rate (one thread) and against HTTP limits; and
-       tiles64's JPEG and raw packs read over HTTP from a server limited to those rates.""",
+       square tiles of sides 32-384 as JPEG, PNG and raw, one thread timing CpuDecode's decode
+       of each form's tiles as one batch (`decode_samples`: the pipeline's crop + resize to
+       min(side, 224); JPEG by the region decoder, raw by the batch crop) per image; raw wins
+       where storage delivers more than (raw bytes - encoded bytes) / (encoded time - raw time)
+       per core, the crossover, which is set against the page cache's read rate (one thread)
+       and against HTTP limits; and tiles64's JPEG and raw packs read over HTTP from a server
+       limited to those rates.""",
        bounds="""On 2 cores the CPU bounds every loader here (the notes give the ratios measured
-       side by side): raw pixels take no decode, only the crop, the resize and the copy, so what
-       is left is per-image and per-batch work (planning the crop, collate, the worker's
-       hand-off), where FFCV runs compiled code over whole batches. Against JPEG the decode saved
-       and the bytes added both grow with the pixels, so the crossover changes little with the
-       side; against PNG (a slower decode, larger files) it is far lower. Where storage delivers
-       less than a side's crossover per core, the encoded form loads faster; from the page cache
+       side by side): raw pixels take no decode, and a batch's headers, crop plans and resizes are
+       one call of compiled code (as FFCV's are), so what is left is the resize itself and the
+       per-batch work (reading and checking the samples, the worker's hand-off, each epoch's
+       start, which a 5,000-image epoch of 32 px images feels: about a quarter of it). Against
+       JPEG the bytes added grow with the pixels faster than the decode saved, so the crossover
+       rises with the side; against PNG (a slower decode, larger files) it is far lower. Where
+       storage delivers less than a side's crossover per core, the encoded form loads faster;
+       from the page cache
        (one thread's read rate is the limit beside each crossover) the extra bytes cost next to
        nothing, and the threshold is a matter of disk space.""")
 def run_pixels(run) -> Outcome:
@@ -314,7 +323,8 @@ def run_pixels(run) -> Outcome:
         figures += http
     elif limits:
         notes.append("HTTP: not measured (it reads the tiles64 packs; --trees left it out)")
-    counted = f"the last {run.args.epochs - 1}" if run.args.epochs > 1 else "one"
+    counted = (f"the last {run.args.epochs - 1}, more while they had run under "
+               f"{run.args.measure_s:g} s" if run.args.epochs > 1 else "one")
     setup = (f"{'; '.join(described)}. Batch {probe.BATCH}, {probe.WORKERS} workers, "
              f"{run.args.epochs} epochs ({counted} counted), {run.reps} repetitions; crossover "
              f"probe: {run.args.per_side} tiles a side, passes of {run.args.min_s:g} s. "

@@ -38,6 +38,19 @@ def decode_budget(max_pixels: int | None = None) -> int:
     return max_pixels
 
 
+def pixel_limit(max_pixels: int | None = None) -> int:
+    """The most pixels :func:`check_size` lets through (0: no limit): the smaller of the decode
+    budget and Pillow's decompression-bomb limit, for code that checks many sizes at once.
+
+    Args:
+        max_pixels: the decode budget (None: :func:`decode_budget`'s default).
+    """
+    from PIL import Image
+
+    limits = [n for n in (decode_budget(max_pixels), 2 * (Image.MAX_IMAGE_PIXELS or 0)) if n]
+    return min(limits) if limits else 0
+
+
 def check_size(width: int, height: int, max_pixels: int | None = None) -> None:
     """Raise DecodeError for an image over the decode budget (:func:`decode_budget`) or over
     Pillow's decompression-bomb limit (read at call time, so raising or clearing

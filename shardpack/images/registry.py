@@ -16,6 +16,7 @@ from shardpack.images.formats.webp import WEBP
 CODECS: tuple[Codec, ...] = (JPEG, PNG, GIF, TIFF, WEBP, BMP, RAW)  # sniffed in this order
 
 _BY_NAME = {codec.name: codec for codec in CODECS}
+BATCH_CROPS = tuple(codec for codec in CODECS if codec.batch_crops)  # crop a batch in one call
 # the codecs to ask by a file's first byte: sniffing is once per image read, so one dict lookup
 # and one or two signature tests, not one test per format
 _BY_FIRST: dict[int, tuple[Codec, ...]] = {}

@@ -11,6 +11,11 @@ batch: the same pixels as :func:`decode_image`.  Every sample that call does not
 extension, not a JPEG, a header simplejpeg refuses, over the decode budget, CMYK/YCCK, damaged,
 truncated) goes through :func:`decode_image` in its turn, which decodes it or raises exactly as
 it does alone.
+
+Before that, the formats that crop a whole batch in one call (raw pixels,
+:meth:`~shardpack.images.formats.base.Codec.crop_batch`) take their samples: header, crop plan and
+resize of each in C, the same pixels as :func:`decode_image`; the samples they decline go on as
+above.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from shardpack.core.errors import DecodeError
-from shardpack.images.registry import region_decodes
+from shardpack.images.registry import BATCH_CROPS, region_decodes
 from shardpack.transforms.decode import (
     JpegPlan, decode_image, jpeg_plan, resize_crop,
 )
@@ -36,7 +41,8 @@ CHUNK_BYTES = 8 << 20
 
 def decode_samples(image_of: Callable, part, spec: TransformSpec,
                    rnd_of: Callable[[int], SampleRandom | None], max_pixels: int | None,
-                   images: np.ndarray, on_bad: Callable[[int, DecodeError], bool]) -> None:
+                   images: np.ndarray, on_bad: Callable[[int, DecodeError], bool],
+                   batch_draws: tuple | None = None) -> None:
     """Decode samples ``part`` of a batch into ``images[i]``, the same pixels as
     :func:`decode_image` gives each, in chunks of at most about CHUNK_BYTES of JPEG crops
     (module docstring).  A sample that cannot be decoded calls ``on_bad(i, error)`` in its turn
@@ -50,9 +56,13 @@ def decode_samples(image_of: Callable, part, spec: TransformSpec,
         max_pixels: the decode budget.
         images: uint8 ``[B, size, size, 3]``, the batch's images.
         on_bad: called with a sample that failed and its error; returns whether to go on.
+        batch_draws: (epoch, int64 global indices of the batch's samples): the draws of
+            ``rnd_of`` as numbers, for the batch crop (:func:`_batch_cropped`); None: none.
     """
     from shardpack.images.jpegcrop import available
 
+    if batch_draws is not None and hasattr(image_of, "parts"):
+        part = _batch_cropped(image_of, part, spec, batch_draws, max_pixels, images)
     region = available()
     chunk, held, scratch = [], 0, np.empty(0, np.uint8)
     for i in part:
@@ -66,6 +76,31 @@ def decode_samples(image_of: Callable, part, spec: TransformSpec,
             chunk, held = [], 0
     if chunk:
         _finish(chunk, image_of, spec, rnd_of, max_pixels, images, on_bad, _grown(scratch, held))
+
+
+def _batch_cropped(items, part, spec: TransformSpec, batch_draws: tuple,
+                   max_pixels: int | None, images: np.ndarray) -> list:
+    """Crop the samples of ``part`` whose format crops a batch in one call (each image field's
+    samples in one call per such format); returns the samples left, in ``part``'s order."""
+    if not BATCH_CROPS or not len(part):
+        return part
+    epoch, ids = batch_draws
+    crop = (spec.size, spec.train, spec.flip, spec.seed, epoch, *spec.scale, *spec.ratio,
+            spec.crop_fraction)
+    rows = np.asarray(part, np.int64)
+    choice = np.asarray(items.choice, np.int64)[rows]
+    done = np.zeros(len(rows), bool)
+    for which, (data, offsets) in enumerate(items.parts):
+        mine = np.flatnonzero(choice == which)
+        for codec in BATCH_CROPS:
+            if not len(mine):
+                break
+            wrote = codec.crop_batch(data, offsets, rows[mine], ids, images, crop, max_pixels)
+            if wrote is None:
+                continue
+            done[mine[wrote]] = True
+            mine = mine[~wrote]
+    return rows[~done].tolist() if done.any() else part
 
 
 def _planned(image_of: Callable, i: int, spec: TransformSpec, rnd_of: Callable,

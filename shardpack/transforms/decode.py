@@ -37,9 +37,9 @@ from shardpack.transforms.spec import (
     Crop, SampleRandom, TransformSpec, crop_box, plan_crop, should_flip, spec_of,
 )
 
-__all__ = ["HEAD_START_WAIT", "CpuDecode", "CropOptions", "JpegPlan", "SampleRandom",
-           "TransformSpec", "crop_box", "decode_image", "image_batch", "image_items", "jpeg_plan",
-           "reference_decode", "resize_crop", "should_flip"]
+__all__ = ["HEAD_START_WAIT", "CpuDecode", "CropOptions", "ImageItems", "JpegPlan",
+           "SampleRandom", "TransformSpec", "crop_box", "decode_image", "image_batch",
+           "image_items", "jpeg_plan", "reference_decode", "resize_crop", "should_flip"]
 
 CropOptions = TransformSpec  # the crop options' older name: the spec holds them now
 
@@ -269,21 +269,31 @@ def _primary(found: list[str]) -> str:
     return plain[0]
 
 
-def image_items(batch: dict, field: str | None):
-    """Pop a batch's image bytes (:func:`_image_fields`); returns ``image_of(i)``, sample i's
-    image as a bytes-like.  A sample without an image raises :class:`DecodeError`."""
-    parts, choice = _image_fields(batch, field)
-    names = [name for name, _ in parts] or [field or "image"]
-    parts = [(items.data.numpy(), items.offsets.numpy()) for _, items in parts]
+class ImageItems:
+    """A batch's image bytes, popped from it (:func:`_image_fields`): ``items(i)`` is sample i's
+    image as a bytes-like (a :class:`DecodeError` for a sample without one); ``parts`` the image
+    fields used, ``(data, offsets)`` each (uint8 and int64 arrays), and ``choice`` each sample's
+    part (-1: none), for the paths that take a whole batch at once."""
 
-    def image_of(i: int):
-        if choice[i] < 0:
-            raise DecodeError(f"sample has no image (no {' or '.join(names)} field, or an "
-                              f"empty one; its fields: {_fields_of(batch, i)})")
-        raw, offsets = parts[choice[i]]
+    def __init__(self, batch: dict, field: str | None):
+        parts, choice = _image_fields(batch, field)
+        self.names = [name for name, _ in parts] or [field or "image"]
+        self.parts = [(items.data.numpy(), np.ascontiguousarray(items.offsets.numpy(), np.int64))
+                      for _, items in parts]
+        self.choice = choice
+        self._batch = batch
+
+    def __call__(self, i: int):
+        if self.choice[i] < 0:
+            raise DecodeError(f"sample has no image (no {' or '.join(self.names)} field, or an "
+                              f"empty one; its fields: {_fields_of(self._batch, i)})")
+        raw, offsets = self.parts[self.choice[i]]
         return raw[offsets[i]:offsets[i + 1]]
 
-    return image_of
+
+def image_items(batch: dict, field: str | None) -> ImageItems:
+    """Pop a batch's image bytes: an :class:`ImageItems` (``image_of(i)``: sample i's image)."""
+    return ImageItems(batch, field)
 
 
 def _fields_of(batch: dict, i: int) -> str:
@@ -436,12 +446,13 @@ class CpuDecode(EpochStage):
 
         image_of = image_items(batch, self.field)
         count = len(batch["__index__"])
+        index = np.ascontiguousarray(batch["__index__"].numpy(), np.int64)
         size = self.spec.size
         nbytes = count * size * size * 3
         data = batch.buffer(nbytes) if isinstance(batch, Batch) else Batch().buffer(nbytes)
         images = data.numpy().reshape(count, size, size, 3)
         bad = np.zeros(count, dtype=bool)
-        ids = batch["__index__"].tolist()
+        ids = index.tolist()
 
         failed: list[tuple[int, str]] = []  # (sample, message): the first bad one is raised
 
@@ -455,7 +466,8 @@ class CpuDecode(EpochStage):
 
         def run(part: range) -> None:  # JPEG crops a chunk at a time, the GIL released once
             decode_samples(image_of, part, self.spec, lambda i: self.spec.random(
-                self.epoch, ids[i]), self.max_pixels, images, on_bad)
+                self.epoch, ids[i]), self.max_pixels, images, on_bad,
+                batch_draws=(self.epoch, index))
 
         threads, head_start = self._threads()
         try:

@@ -282,10 +282,11 @@ def _random_box(height: int, width: int, spec: TransformSpec, rnd: SampleRandom
             left = int(rnd.uniform(0, width - cw + 1))
             return min(top, height - ch), min(left, width - cw), ch, cw
     in_ratio = width / height
+    # at least one pixel: a 1-pixel-wide image under ratios of 3-4 would round to no rows
     if in_ratio < spec.ratio[0]:
-        cw, ch = width, int(round(width / spec.ratio[0]))
+        cw, ch = width, max(1, int(round(width / spec.ratio[0])))
     elif in_ratio > spec.ratio[1]:
-        ch, cw = height, int(round(height * spec.ratio[1]))
+        ch, cw = height, max(1, int(round(height * spec.ratio[1])))
     else:
         cw, ch = width, height
     return (height - ch) // 2, (width - cw) // 2, ch, cw

@@ -235,8 +235,11 @@ def _children() -> set[int]:
 
     out = set()
     for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        with open(path) as f:
-            out.update(int(pid) for pid in f.read().split())
+        try:
+            with open(path) as f:
+                out.update(int(pid) for pid in f.read().split())
+        except FileNotFoundError:  # a thread that ended since the listing: it has no children
+            continue
     return out
 
 

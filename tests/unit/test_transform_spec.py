@@ -204,3 +204,22 @@ def test_epoch_aware_stages_are_told_the_epoch():
         tell_epoch(None, 5)
         tell_epoch(len, 5)
     assert crops.epoch == 3 and old.epoch == 4
+
+
+def test_the_fallback_crop_keeps_at_least_one_pixel():
+    """Ratios a one-pixel-wide image cannot meet: the centre crop rounds to at least a pixel (it
+    rounded to none, and the resize raised)."""
+    import numpy as np
+
+    from shardpack.images.formats.raw import pixels_npy
+    from shardpack.transforms.decode import decode_image
+    from shardpack.transforms.spec import TransformSpec, plan_crop
+
+    spec = TransformSpec(size=8, ratio=(3.0, 4.0), scale=(0.99, 1.0), mean=None, std=None,
+                         dtype="uint8")
+    for epoch in range(20):
+        crop = plan_crop(50, 1, spec, spec.random(epoch, 0))
+        assert crop.height >= 1 and crop.width == 1
+        image = decode_image(pixels_npy(np.full((50, 1, 3), 9, np.uint8)), spec,
+                             spec.random(epoch, 0))
+        assert image.shape == (8, 8, 3) and (image == 9).all()

@@ -36,6 +36,7 @@ class Codec:
             path copies them up, no decode.
         lossless: the format keeps every pixel, and its decode costs far more than its bytes
             save (``pack --pixels auto`` stores such images raw; docs/images.md).
+        batch_crops: :meth:`crop_batch` crops a whole batch's images of this format in one call.
     """
 
     name = ""
@@ -48,9 +49,28 @@ class Codec:
     pillow = True
     stored_pixels = False
     lossless = False
+    batch_crops = False
 
     def __repr__(self) -> str:
         return f"<codec {self.name}>"
+
+    def crop_batch(self, data, offsets, rows, ids, out, crop: tuple, max_pixels: int | None):
+        """Crop, flip and resize the images of samples ``rows`` of a batch into ``out`` in one
+        call (:attr:`batch_crops` formats; docs/images.md, "Raw pixels").  Returns a bool array,
+        True where a row's image was written; None where this machine has no batch path.  A row
+        not written is left to the per-sample decode, which decodes it or names what is wrong.
+
+        Args:
+            data: the field's bytes for the whole batch (uint8).
+            offsets: int64 ``[n + 1]``: sample i is ``data[offsets[i]:offsets[i + 1]]``.
+            rows: int64, the samples to do.
+            ids: int64 ``[n]``, the samples' global indices (their draws' key).
+            out: uint8 ``[n, size, size, 3]``, C-contiguous, the batch's images.
+            crop: (size, train, flip, seed, epoch, scale_lo, scale_hi, ratio_lo, ratio_hi,
+                crop_fraction): what the transform spec and the epoch say.
+            max_pixels: the decode budget.
+        """
+        return None
 
     def sniff(self, head: bytes) -> bool:
         """Whether ``head`` (a file's first 18 bytes or fewer) is this format's signature."""

@@ -6,18 +6,26 @@ fields of other arrays: those are data, not images.
 Nothing is decoded: the pixels are a view of the stored bytes.  The header is parsed within
 :data:`MAX_HEADER` bytes, and its shape is checked against the bytes that follow it and against
 the decode budget before any array is made, so a lying header is a one-line reason, never an
-allocation (docs/images.md, "Raw pixels")."""
+allocation (docs/images.md, "Raw pixels").
+
+A batch's raw images are cropped, flipped and resized in one call of the optional C extension
+``libpixels`` (:meth:`RawCodec.crop_batch`): the same pixels as the per-sample path, which takes
+every sample the extension declines and all of them where it is not built."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import importlib
 import io
+import os
 import re
 
 import numpy as np
 
 from shardpack.images.formats.base import Codec, rgb_array
 
+ENV = "SHARDPACK_RAW_BATCH"  # "0": crop raw pixels one sample at a time (benchmarks compare)
 MAGIC = b"\x93NUMPY"
 MAX_HEADER = 4096  # numpy writes ~118 bytes for an image; far more is no header of ours
 DESCR = "|u1"
@@ -72,6 +80,7 @@ class RawCodec(Codec):
     magics = (MAGIC,)
     pillow = False
     stored_pixels = True
+    batch_crops = True
 
     def layout(self, data) -> tuple[int, int, int]:
         """(height, width, offset of the pixels), the header checked against the bytes."""
@@ -110,9 +119,34 @@ class RawCodec(Codec):
         check_size(width, height, max_pixels)
         return np.frombuffer(data, np.uint8, height * width * 3, offset).reshape(height, width, 3)
 
+    def crop_batch(self, data, offsets, rows, ids, out, crop: tuple, max_pixels: int | None):
+        """:meth:`Codec.crop_batch` by the extension: headers, crop plans and resizes in C, the
+        GIL released; a row whose header is not numpy's usual one, whose length does not match
+        it, or over the decode budget is left to the per-sample path."""
+        from shardpack.images.budget import pixel_limit
+
+        module = batch_extension()
+        if module is None:
+            return None
+        done = np.zeros(len(rows), np.uint8)
+        module.crop_batch(data, offsets, rows, ids, out, done, *crop, pixel_limit(max_pixels))
+        return done.view(bool)
+
     def encode(self, image, quality: int = 90) -> bytes:
         """A Pillow image's pixels by the shared RGB rules, as ``.npy``."""
         return pixels_npy(rgb_array(image))
+
+
+@functools.lru_cache(maxsize=None)
+def batch_extension():
+    """The batch crop extension, or None: not built (no C compiler or libxxhash headers at
+    install), or turned off by ENV."""
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    try:
+        return importlib.import_module("shardpack.images.formats.libpixels")
+    except ImportError:
+        return None
 
 
 def pixels_npy(pixels: np.ndarray) -> bytes:
