@@ -362,11 +362,37 @@ static void down(const Taps *t, const uint8_t *src, int64_t values, int64_t src_
     }
 }
 
+/* The taps of an axis depend only on its input and output sizes, and a batch's crops of small
+ * images take few distinct sizes (at most the image's side): they are made once per call for each
+ * input size up to CACHED, kept in `known`; larger ones are made in `spare` each time. */
+#define CACHED 1024
+
 typedef struct {
-    Taps across, down;
+    Taps spare;
+    Taps *known; /* [CACHED + 1], by input size, for one output size */
     uint8_t *buffer, *line;
     size_t buffer_size, line_size;
 } Scratch;
+
+static Taps *taps_for(Scratch *s, int64_t in, int64_t out) {
+    Taps *t = &s->spare;
+    if (in <= CACHED) {
+        if (!s->known && !(s->known = calloc(CACHED + 1, sizeof(Taps))))
+            return NULL;
+        t = &s->known[in];
+    }
+    return taps_make(t, in, out) ? NULL : t;
+}
+
+static void scratch_free(Scratch *s) {
+    taps_free(&s->spare);
+    if (s->known)
+        for (int64_t i = 0; i <= CACHED; i++)
+            taps_free(&s->known[i]);
+    free(s->known);
+    free(s->buffer);
+    free(s->line);
+}
 
 static void *grown(void **p, size_t *have, size_t need) {
     if (need > *have) {
@@ -405,10 +431,11 @@ static int resize(Scratch *s, const uint8_t *pixels, int64_t width, const int64_
         uint8_t *t = grown((void **)&s->line, &s->line_size, (size_t)(cw * ch * 3));
         uint8_t *u = t ? grown((void **)&s->buffer, &s->buffer_size, (size_t)(size * ch * 3))
                        : NULL;
-        if (!u || taps_make(&s->across, cw, size))
+        const Taps *taps = u ? taps_for(s, cw, size) : NULL;
+        if (!taps)
             return -1;
         transpose(src + first, ch, cw, row, step, t);   /* cw rows of ch pixels */
-        down(&s->across, t, ch * 3, ch * 3, u);          /* size rows of ch pixels */
+        down(taps, t, ch * 3, ch * 3, u);                /* size rows of ch pixels */
         uint8_t *across_done = ch != size ? t : out;     /* (t is free again) */
         if (ch != size && !(across_done = grown((void **)&s->line, &s->line_size,
                                                 (size_t)(ch * size * 3))))
@@ -422,7 +449,8 @@ static int resize(Scratch *s, const uint8_t *pixels, int64_t width, const int64_
         step = 3;
     }
     if (ch != size) {
-        if (taps_make(&s->down, ch, size))
+        const Taps *taps = taps_for(s, ch, size);
+        if (!taps)
             return -1;
         if (step < 0) { /* down reads whole rows forwards: the mirrored crop first */
             uint8_t *m = grown((void **)&s->line, &s->line_size, (size_t)(ch * cw * 3));
@@ -435,7 +463,7 @@ static int resize(Scratch *s, const uint8_t *pixels, int64_t width, const int64_
             row = cw * 3;
             first = 0;
         }
-        down(&s->down, src + first, size * 3, row, out);
+        down(taps, src + first, size * 3, row, out);
         return 0;
     }
     for (int64_t r = 0; r < ch; r++) /* the same size: the crop itself */
@@ -503,10 +531,7 @@ static PyObject *crop_batch(PyObject *self, PyObject *args) {
             done_[j] = 1;
     }
     Py_END_ALLOW_THREADS
-    taps_free(&s.across);
-    taps_free(&s.down);
-    free(s.buffer);
-    free(s.line);
+    scratch_free(&s);
     if (failed) {
         PyErr_NoMemory();
         goto done;
