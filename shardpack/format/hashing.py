@@ -4,12 +4,12 @@ bytes (the index), CRC32C of each msgpack record's stored bytes."""
 from __future__ import annotations
 
 import functools
-import importlib
-import os
 
 import crc32c as _crc32c
 import numpy as np
 import xxhash
+
+from shardpack.core.extensions import optional_extension
 
 RANGES_ENV = "SHARDPACK_HASH_RANGES"  # "0": never use the extension (benchmarks compare both)
 
@@ -38,12 +38,7 @@ sample_hash = xxhash.xxh3_64_intdigest
 def ranges_extension():
     """The optional C extension ``shardpack.format.libxxh3ranges`` (the system libxxhash), or None:
     not built, libxxhash.so.0 missing, or turned off by ``SHARDPACK_HASH_RANGES=0``."""
-    if os.environ.get(RANGES_ENV, "1") == "0":
-        return None
-    try:
-        return importlib.import_module("shardpack.format.libxxh3ranges")
-    except ImportError:
-        return None
+    return optional_extension("shardpack.format.libxxh3ranges", RANGES_ENV)
 
 
 def sample_hashes(buf, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -11,11 +11,12 @@ the main process, so the workers stay quiet.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import warnings
 
 import numpy as np
+
+from shardpack.core.extensions import optional_extension
 
 __all__ = ["ENV", "EOI", "MAX_SCANS", "available", "decode_box", "decode_boxes", "extension",
            "notice_once"]
@@ -29,12 +30,7 @@ MAX_SCANS = 100
 @functools.lru_cache(maxsize=None)
 def extension():
     """The extension module, or None: not built, libjpeg.so.62 missing, or turned off by ENV."""
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    try:
-        return importlib.import_module("shardpack.images.libjpegcrop")
-    except ImportError:
-        return None
+    return optional_extension("shardpack.images.libjpegcrop", ENV)
 
 
 def available() -> bool:

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib
 import io
-import os
 import re
 
 import numpy as np
 
+from shardpack.core.extensions import optional_extension
 from shardpack.images.formats.base import Codec, rgb_array
 
 ENV = "SHARDPACK_RAW_BATCH"  # "0": crop raw pixels one sample at a time (benchmarks compare)
@@ -141,12 +140,7 @@ class RawCodec(Codec):
 def batch_extension():
     """The batch crop extension, or None: not built (no C compiler or libxxhash headers at
     install), or turned off by ENV."""
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    try:
-        return importlib.import_module("shardpack.images.formats.libpixels")
-    except ImportError:
-        return None
+    return optional_extension("shardpack.images.formats.libpixels", ENV)
 
 
 def pixels_npy(pixels: np.ndarray) -> bytes:
